@@ -1,0 +1,69 @@
+"""Chapter 00's engine: generate for one sequence at a time, with or without a KV cache.
+
+    for each sequence:
+        logits = model(prompt)                      # prefill: every prompt token at once
+        loop:
+            token = sample(logits[-1])
+            logits = model([token]) with the cache  # decode: one new token, reads cached K/V
+            (or model(all tokens so far) without a cache: the full-recompute oracle)
+
+The front end (`minipaged.llm.LLM`) turns prompts and SamplingParams into Sequences and hands them
+here. Later chapters add engines that batch sequences and keep K and V in a paged pool; this one is
+the baseline they must agree with.
+
+Not handled here: batching several sequences in one forward pass, any memory limit.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from minipaged.kv.per_request import NoCache, PerRequestKVCache
+from minipaged.sampling import make_generator, sample_token
+from minipaged.sequence import Sequence
+
+
+def next_token(seq: Sequence, logits: torch.Tensor, generator, tokenizer) -> None:
+    """Sample from logits [V], then append to seq with its log-probability (and top-k if asked)."""
+    token = sample_token(logits, seq.params, generator)
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    top = None
+    if seq.params.logprobs is not None:
+        values, ids = torch.topk(logp, max(seq.params.logprobs, 1))
+        top = {int(i): float(v) for i, v in zip(ids, values)}
+        top[token] = float(logp[token])
+    seq.append(token, tokenizer, float(logp[token]), top)
+
+
+class NaiveEngine:
+    def __init__(self, model, tokenizer, use_cache: bool = True):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.use_cache = use_cache
+        self.stats = {"forward_passes": 0, "tokens_computed": 0, "decode_seconds": 0.0, "decode_tokens": 0}
+
+    def _forward(self, ids: list[int], start_pos: int, kv):
+        device = self.model.device
+        tokens = torch.tensor(ids, dtype=torch.long, device=device)  # [T]
+        positions = torch.arange(start_pos, start_pos + len(ids), device=device)  # [T]
+        self.stats["forward_passes"] += 1
+        self.stats["tokens_computed"] += len(ids)
+        return self.model(tokens, positions, kv, logits_rows=[len(ids) - 1])[0]  # [V]
+
+    def run_sequence(self, seq: Sequence, generator: torch.Generator | None = None) -> Sequence:
+        generator = generator or make_generator(seq.params.seed)
+        kv = PerRequestKVCache(self.model.config.num_layers) if self.use_cache else NoCache()
+        logits = self._forward(seq.prompt_ids, 0, kv if self.use_cache else NoCache())
+        next_token(seq, logits, generator, self.tokenizer)
+        t0 = time.perf_counter()
+        while not seq.finished:
+            if self.use_cache:  # feed only the newest token; K/V of the others are cached
+                logits = self._forward(seq.output_ids[-1:], seq.num_tokens - 1, kv)
+            else:  # recompute everything from the first token
+                logits = self._forward(seq.all_ids, 0, NoCache())
+            next_token(seq, logits, generator, self.tokenizer)
+        self.stats["decode_seconds"] += time.perf_counter() - t0
+        self.stats["decode_tokens"] += len(seq.output_ids) - 1
+        return seq

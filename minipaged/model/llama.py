@@ -1,0 +1,158 @@
+"""A Llama-architecture decoder in plain PyTorch, small enough to read in one sitting.
+
+SmolLM2-135M is a Llama: RMSNorm before each sub-layer, rotary position embeddings (RoPE),
+grouped-query attention (9 query heads share 3 K/V heads) and a SwiGLU feed-forward.
+
+The model knows nothing about where K and V are stored. Each attention layer computes q, k, v for
+the new tokens and hands them to a `kv` object:
+
+    out = kv.attend(layer_index, q, k, v)
+
+The `kv` object stores k and v wherever its policy says (a tensor per request, a contiguous slab,
+paged blocks...) and returns attention over everything the sequence has cached so far. That is the
+seam where every chapter plugs in a new memory policy without touching this file.
+
+Shapes: T = number of new tokens in this forward pass (all sequences flattened together),
+D = hidden_size, H = num_heads, KVH = num_kv_heads, Dh = head_dim, V = vocab_size.
+
+Not handled: rope scaling variants, attention biases, sliding windows, bf16 fast paths.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from minipaged.model.config import ModelConfig
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):  # x [T, D]
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+class Rotary(nn.Module):
+    """RoPE: rotate each (i, i + Dh/2) pair of q and k by an angle proportional to the position.
+
+    The "rotate half" layout pairs dimension i with i + Dh/2. llama.cpp's GGUF files store q and k
+    permuted for a layout that pairs adjacent dimensions; the loader undoes that permutation.
+    """
+
+    def __init__(self, head_dim: int, theta: float):
+        super().__init__()
+        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+        self.register_buffer("inv_freq", inv_freq, persistent=False)  # [Dh/2]
+
+    def forward(self, x, positions):  # x [T, heads, Dh], positions [T]
+        freqs = positions.float()[:, None] * self.inv_freq[None, :]  # [T, Dh/2]
+        angles = torch.cat((freqs, freqs), dim=-1)  # [T, Dh]
+        cos, sin = angles.cos()[:, None, :], angles.sin()[:, None, :]  # [T, 1, Dh]
+        half = x.shape[-1] // 2
+        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+        return (x.float() * cos + rotated.float() * sin).to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_index: int):
+        super().__init__()
+        self.layer_index = layer_index
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.q_proj = nn.Linear(cfg.hidden_size, cfg.num_heads * cfg.head_dim, bias=False)
+        self.k_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=False)
+        self.v_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=False)
+        self.o_proj = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=False)
+
+    def forward(self, x, positions, rotary, kv):  # x [T, D]
+        T = x.shape[0]
+        q = self.q_proj(x).view(T, self.num_heads, self.head_dim)  # [T, H, Dh]
+        k = self.k_proj(x).view(T, self.num_kv_heads, self.head_dim)  # [T, KVH, Dh]
+        v = self.v_proj(x).view(T, self.num_kv_heads, self.head_dim)  # [T, KVH, Dh]
+        q, k = rotary(q, positions), rotary(k, positions)
+        out = kv.attend(self.layer_index, q, k, v)  # [T, H, Dh]: the only line that touches the cache
+        return self.o_proj(out.reshape(T, self.num_heads * self.head_dim))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x):  # SwiGLU: down(silu(gate(x)) * up(x))
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_index: int):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg, layer_index)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x, positions, rotary, kv):
+        x = x + self.self_attn(self.input_layernorm(x), positions, rotary, kv)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.config = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.rotary = Rotary(cfg.head_dim, cfg.rope_theta)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+
+    @torch.inference_mode()
+    def forward(self, token_ids, positions, kv, logits_rows=None):
+        """token_ids [T], positions [T] -> logits [len(logits_rows) or T, V].
+
+        `logits_rows` picks the rows whose next-token logits are wanted (usually the last token of
+        each sequence); the vocabulary projection is the single largest matmul, so skipping the
+        other rows saves real time during prefill.
+        """
+        x = self.embed_tokens(token_ids)  # [T, D]
+        for layer in self.layers:
+            x = layer(x, positions, self.rotary, kv)
+        if logits_rows is not None:
+            x = x[logits_rows]
+        return self.lm_head(self.norm(x)).float()
+
+    @property
+    def device(self):
+        return self.embed_tokens.weight.device
+
+    @property
+    def dtype(self):
+        return self.embed_tokens.weight.dtype
+
+
+def random_model(cfg: ModelConfig, seed: int = 0, dtype=torch.float32) -> LlamaModel:
+    """A model of `cfg`'s shapes with seeded random weights (for tests and benchmarks).
+
+    Weights are scaled like a trained model's (std 0.02, norms at 1) so activations stay in range and
+    greedy decoding produces varied tokens rather than one repeated id.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    model = LlamaModel(cfg)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight") or "layernorm" in name:
+                p.fill_(1.0)
+            else:
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.02)
+    return model.to(dtype).eval()

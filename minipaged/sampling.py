@@ -1,0 +1,55 @@
+"""Turn one row of logits into the next token: greedy, temperature, top-k, top-p, min-p.
+
+Each sample owns a torch.Generator seeded from SamplingParams.seed, so its random draws depend on
+nothing else in the batch: the same seed gives the same text whether the request runs alone or next
+to a hundred others.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from minipaged.sampling_params import SamplingParams
+
+
+def make_generator(seed: int | None) -> torch.Generator:
+    g = torch.Generator()
+    g.manual_seed(seed if seed is not None else int(torch.randint(0, 2**62, (1,)).item()))
+    return g
+
+
+def sample_seed(seed: int | None, index: int) -> int | None:
+    """The seed of sample `index` of a request with SamplingParams.seed = seed (n > 1).
+
+    Sample 0 keeps the request's seed, so n=1 and the first of n agree. The others get seeds spread
+    far apart by a large odd multiplier, so their streams do not overlap.
+    """
+    if seed is None:
+        return None
+    return (seed + index * 0x9E3779B97F4A7C15) % (2**63)
+
+
+def processed_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Apply temperature, top-k, min-p and top-p to logits [V]; masked tokens get -inf."""
+    logits = logits.float() / params.temperature
+    if params.top_k > 0 and params.top_k < logits.shape[-1]:
+        kth = torch.topk(logits, params.top_k).values[-1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if params.min_p > 0:
+        probs = torch.softmax(logits, dim=-1)
+        logits = logits.masked_fill(probs < params.min_p * probs.max(), float("-inf"))
+    if params.top_p < 1:
+        sorted_logits, order = torch.sort(logits, descending=True)
+        cumulative = torch.softmax(sorted_logits, dim=-1).cumsum(-1)
+        # drop a token when the tokens before it already reach top_p (the first always stays)
+        drop_sorted = (cumulative - torch.softmax(sorted_logits, dim=-1)) >= params.top_p
+        logits = logits.masked_fill(drop_sorted.scatter(0, order, drop_sorted), float("-inf"))
+    return logits
+
+
+def sample_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:
+    """logits [V] -> token id."""
+    if params.greedy:
+        return int(torch.argmax(logits))
+    probs = torch.softmax(processed_logits(logits, params), dim=-1)
+    return int(torch.multinomial(probs, 1, generator=generator))

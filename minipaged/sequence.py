@@ -1,0 +1,83 @@
+"""A Sequence: one sample being generated, and the rules that decide when it ends.
+
+It holds the prompt's token ids, the tokens generated so far, the text decoded from them, and the
+request's SamplingParams. `append(token)` adds a token and checks, in vLLM's order, whether the
+sequence is finished: max_tokens reached ("length"), EOS or a stop token id ("stop"), a stop string
+in the text ("stop", and the text is cut before it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from minipaged.outputs import CompletionOutput
+from minipaged.sampling_params import SamplingParams
+
+
+@dataclass
+class Sequence:
+    seq_id: int
+    prompt_ids: list[int]
+    params: SamplingParams
+    eos_token_id: int
+    max_model_len: int
+    index: int = 0  # which of the request's n samples
+    output_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    cumulative_logprob: float = 0.0
+    logprobs: list[dict[int, float]] = field(default_factory=list)
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+    @property
+    def all_ids(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    @property
+    def max_new_tokens(self) -> int:
+        room = self.max_model_len - len(self.prompt_ids)
+        return room if self.params.max_tokens is None else min(self.params.max_tokens, room)
+
+    def append(self, token: int, tokenizer, logprob: float | None = None, top: dict | None = None) -> None:
+        self.output_ids.append(token)
+        if logprob is not None:
+            self.cumulative_logprob += logprob
+        if top is not None:
+            self.logprobs.append(top)
+        p = self.params
+        past_min = len(self.output_ids) > p.min_tokens
+        if past_min and not p.ignore_eos and token == self.eos_token_id:
+            self.finish_reason, self.stop_reason = "stop", None
+        elif past_min and token in p.stop_token_ids:
+            self.finish_reason, self.stop_reason = "stop", token
+        self.text = tokenizer.decode(self.output_ids, skip_special_tokens=p.skip_special_tokens)
+        if self.finish_reason is None and p.stop_strings and past_min:
+            self._check_stop_strings()
+        if self.finish_reason is None and len(self.output_ids) >= self.max_new_tokens:
+            self.finish_reason = "length"
+
+    def _check_stop_strings(self) -> None:
+        hits = [(self.text.find(s), s) for s in self.params.stop_strings if s in self.text]
+        if hits:
+            at, s = min(hits)
+            self.text = self.text[: at + len(s)] if self.params.include_stop_str_in_output else self.text[:at]
+            self.finish_reason, self.stop_reason = "stop", s
+
+    def to_output(self) -> CompletionOutput:
+        return CompletionOutput(
+            index=self.index,
+            text=self.text,
+            token_ids=list(self.output_ids),
+            cumulative_logprob=self.cumulative_logprob,
+            logprobs=self.logprobs if self.params.logprobs is not None else None,
+            finish_reason=self.finish_reason,
+            stop_reason=self.stop_reason,
+        )

@@ -71,7 +71,8 @@ class LLM:
                 raise ValueError(f"prompts[{i}] has token ids outside the vocabulary [0, "
                                  f"{self.config.vocab_size}): {bad[:5]}")
         else:
-            raise ValueError(f"prompts[{i}] must be a string or a list of token ids, got {type(prompt).__name__}")
+            raise ValueError(f"prompts[{i}] must be a string or a list of token ids, "
+                             f"got {type(prompt).__name__}")
         if not ids:
             raise ValueError(f"prompts[{i}] is empty: give at least one token")
         if len(ids) >= self.max_model_len:

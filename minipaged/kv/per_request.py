@@ -48,3 +48,19 @@ class NoCache:
 
     def attend(self, layer: int, q, k, v):
         return dense_attention(q, k, v, q.shape[-1] ** -0.5, causal_offset=0)
+
+
+class BatchOfCaches:
+    """Several sequences in one forward pass, each with its own PerRequestKVCache.
+
+    The model sees one flat batch of T = sum(new_tokens) tokens; here we split q, k and v back
+    into each sequence's rows, let its own cache attend, and glue the outputs together.
+    """
+
+    def __init__(self, caches: list[PerRequestKVCache], new_tokens: list[int]):
+        self.caches, self.new_tokens = caches, new_tokens
+
+    def attend(self, layer: int, q, k, v):
+        outs = [cache.attend(layer, qi, ki, vi) for cache, qi, ki, vi in zip(
+            self.caches, q.split(self.new_tokens), k.split(self.new_tokens), v.split(self.new_tokens))]
+        return torch.cat(outs)

@@ -67,7 +67,8 @@ SMOLLM2_135M = ModelConfig(
 )
 
 # A few layers of random weights: fast enough that a test can run dozens of generations.
-# Its vocabulary is the byte tokenizer's (256 bytes + 3 special tokens).
+# Its vocabulary is the byte tokenizer's (256 bytes + 3 special tokens). Its output matrix is not
+# tied to the embedding, so that random weights still give varied greedy outputs.
 TINY = ModelConfig(
     name="tiny",
     vocab_size=259,
@@ -81,6 +82,7 @@ TINY = ModelConfig(
     max_model_len=512,
     bos_token_id=256,
     eos_token_id=257,
+    tie_word_embeddings=False,
 )
 
 # Llama-3-8B's shapes, used only for arithmetic (bytes per token, tokens that fit on a GPU).

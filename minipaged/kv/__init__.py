@@ -1,0 +1,31 @@
+"""KV-cache bookkeeping: where every sequence's keys and values live, as plain Python (no torch).
+
+One interface (``KVPolicy``, see base.py for the calls and the waste accounting), four policies,
+one per chapter, all selectable by name through ``make_policy``:
+
+    contiguous     ch01  one slab per request in one arena, first fit        contiguous.py
+    fixed_blocks   ch02  fixed-size blocks, a contiguous run per request      fixed_blocks.py
+    block_table    ch03  block table: any free block, reserved up front       block_table.py, block_pool.py
+    on_demand      ch04  block table grown one block at a time                on_demand.py
+"""
+
+from minipaged.kv.base import (
+    RESERVATION_RULES,
+    KVPolicy,
+    NoFreeMemory,
+    ReservationExceeded,
+    Usage,
+    reservation_tokens,
+)
+from minipaged.kv.block_pool import BlockPool
+from minipaged.kv.block_table import BlockTablePolicy
+from minipaged.kv.contiguous import ContiguousArena
+from minipaged.kv.factory import POLICIES, RESERVING_POLICIES, make_policy
+from minipaged.kv.fixed_blocks import FixedBlockPolicy
+from minipaged.kv.on_demand import OnDemandPolicy
+
+__all__ = [
+    "KVPolicy", "Usage", "NoFreeMemory", "ReservationExceeded", "RESERVATION_RULES", "reservation_tokens",
+    "ContiguousArena", "FixedBlockPolicy", "BlockPool", "BlockTablePolicy", "OnDemandPolicy",
+    "POLICIES", "RESERVING_POLICIES", "make_policy",
+]

@@ -1,0 +1,321 @@
+"""What every KV policy shares: the interface, the waste accounting, the errors and the input checks.
+
+A KV policy decides where each sequence's keys and values live in a pool of ``num_slots`` token
+slots. The engine and the trace simulator drive every policy through the same calls:
+
+    can_allocate(prompt_len, max_new_tokens, final_len=None) -> bool    would admission succeed now?
+    allocate(seq_id, prompt_len, max_new_tokens, final_len=None)         admit: reserve what the policy
+                                                                         reserves up front (no tokens yet)
+    append_slots(seq_id, n) -> list[int]    room for the next n tokens: their physical slot indices
+    can_append_slots(seq_id, n) -> bool     would append_slots succeed now? (a scheduler asks first)
+    block_table(seq_id) -> list[int]        physical blocks in logical order, covering the tokens
+    allocated_blocks(seq_id)                every block it holds, including reserved ones ahead
+    num_tokens(seq_id) -> int
+    free(seq_id)                            give everything back (finish, abort or preemption)
+    usage(head=None) -> Usage               the waste accounting below
+    check_invariants()                      AssertionError with a clear message if bookkeeping broke
+
+A slot is ``block * block_size + offset``. The prompt is written like any other tokens: the engine
+calls ``append_slots(seq_id, prompt_len)`` for its prefill, then ``append_slots(seq_id, 1)`` per step.
+
+Errors (one design for every policy):
+    ValueError         nonsense input (the message names the field and what is allowed), or a request
+                       that can never fit: longer than max_model_len or than the whole pool.
+    NoFreeMemory       the request would fit an empty pool but not now. ``allocate`` raises it;
+                       ``can_allocate`` returns False instead. Carries ``.reason``.
+    ReservationExceeded  a sequence tried to grow past what it reserved at admission (chapters 01-03).
+Any call that raises leaves the bookkeeping exactly as it was: nothing is half-allocated, nothing leaks.
+
+Waste accounting. ``usage(head)`` splits the pool into five disjoint parts, in slots:
+
+    tokens    slots holding a token's K and V.
+    reserved  reserved-but-unused: slots allocated to a sequence that it will still fill before it
+              finishes (the length it will reach is ``final_len`` when given, otherwise the upper
+              bound prompt_len + max_new_tokens).
+    internal  internal fragmentation: slots allocated to a sequence beyond the length it will reach;
+              they are never filled (an over-sized reservation, or the tail of a partly used block).
+    external  external fragmentation: free slots the request at the head of the waiting queue
+              (``head``) cannot use although together they would hold it. If the head needs more
+              than the largest free hole the policy can place it in, but no more than all free slots
+              together, every free slot counts as external. Zero when nothing waits, when the head
+              fits, or when the head needs more than all free slots together (then memory is simply
+              full, not fragmented). Paged policies place a request in any free blocks, so for them
+              the largest hole is all free memory and external fragmentation is zero by design.
+    free      the other free slots.
+
+    occupied     = tokens + reserved + internal          (slots allocated to some sequence)
+    utilization  = tokens / occupied                      (0.0 when nothing is allocated)
+    tokens + reserved + internal + external + free = num_slots, always.
+
+The split of unused allocated slots into ``reserved`` and ``internal`` is exact only when the
+final length is known (the simulator knows it); their sum is always exact.
+
+Not handled here: sharing blocks between sequences (copy-on-write, prefix caching) and the choice of
+what to admit or preempt (the scheduler's job, later chapters).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from dataclasses import asdict, dataclass
+
+RESERVATION_RULES = ("max", "pow2", "oracle")
+
+
+class NoFreeMemory(RuntimeError):
+    """The request would fit in an empty pool, but not in the free memory left now."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+class ReservationExceeded(RuntimeError):
+    """A sequence tried to grow past the room it reserved when it was admitted."""
+
+
+@dataclass(frozen=True)
+class Usage:
+    """One snapshot of where the pool's slots went (see the module docstring for each term)."""
+
+    total: int
+    tokens: int
+    reserved: int
+    internal: int
+    external: int
+    free: int
+    num_seqs: int
+
+    @property
+    def occupied(self) -> int:
+        return self.tokens + self.reserved + self.internal
+
+    @property
+    def utilization(self) -> float:
+        return self.tokens / self.occupied if self.occupied else 0.0
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "occupied": self.occupied, "utilization": self.utilization}
+
+
+@dataclass
+class SequenceState:
+    """Bookkeeping every policy keeps per sequence; policies subclass it to add where it lives."""
+
+    prompt_len: int
+    max_new_tokens: int
+    final_len: int  # the length it will reach: final_len if given, else prompt_len + max_new_tokens
+    num_tokens: int = 0
+
+
+def next_power_of_two(n: int) -> int:
+    return 1 << (n - 1).bit_length()
+
+
+def reservation_tokens(rule: str, prompt_len: int, max_new_tokens: int, final_len: int | None,
+                       max_model_len: int) -> int:
+    """How many token slots a reserving policy sets aside at admission (the Orca variants).
+
+    "max"     the model's maximum length, whatever the request: what a server without any
+              knowledge of the output must do.
+    "pow2"    the next power of two of prompt_len + max_new_tokens (at most max_model_len): an
+              allocator that rounds sizes up, over-reserving by less than 2x.
+    "oracle"  exactly the final length (prompt + real output): impossible in practice, the best a
+              reserving design could ever do. Without final_len, prompt_len + max_new_tokens.
+    """
+    if rule == "max":
+        return max_model_len
+    if rule == "pow2":
+        return min(next_power_of_two(prompt_len + max_new_tokens), max_model_len)
+    if rule == "oracle":
+        return final_len if final_len is not None else prompt_len + max_new_tokens
+    raise ValueError(f"reservation={rule!r} is not known; choose one of {list(RESERVATION_RULES)}")
+
+
+def check_positive_int(name: str, value, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+def check_request(prompt_len, max_new_tokens, final_len, max_model_len: int) -> None:
+    """Reject nonsense sizes and requests longer than the model allows, naming the field."""
+    check_positive_int("prompt_len", prompt_len)
+    check_positive_int("max_new_tokens", max_new_tokens)
+    if prompt_len + max_new_tokens > max_model_len:
+        raise ValueError(f"prompt_len + max_new_tokens = {prompt_len} + {max_new_tokens} = "
+                         f"{prompt_len + max_new_tokens} exceeds max_model_len={max_model_len}")
+    if final_len is not None:
+        check_positive_int("final_len", final_len)
+        if not prompt_len <= final_len <= prompt_len + max_new_tokens:
+            raise ValueError(f"final_len must lie in [prompt_len, prompt_len + max_new_tokens] = "
+                             f"[{prompt_len}, {prompt_len + max_new_tokens}], got {final_len}")
+
+
+def blocks_for(num_tokens: int, block_size: int) -> int:
+    """Blocks needed to hold num_tokens tokens (the last one may be partly filled)."""
+    return -(-num_tokens // block_size)
+
+
+class KVPolicy:
+    """Base class: the shared bookkeeping, input checks and waste accounting.
+
+    A subclass says how much it needs for a request (``_slots_needed``), whether that fits now
+    (``_fits_now``), how to place and release a sequence (``_place``, ``_release``), where token i of
+    a sequence lives (``append_slots``), how many slots a sequence occupies (``_occupied_slots``) and
+    how big the largest free hole is (``_largest_hole``).
+    """
+
+    name = "base"
+
+    def __init__(self, num_slots: int, block_size: int, max_model_len: int):
+        check_positive_int("block_size", block_size)
+        check_positive_int("max_model_len", max_model_len)
+        check_positive_int("num_slots", num_slots, minimum=block_size)
+        self.block_size = block_size
+        self.num_blocks = num_slots // block_size
+        self.num_slots = self.num_blocks * block_size  # rounded down to whole blocks
+        self.max_model_len = max_model_len
+        self._seqs: dict[Hashable, SequenceState] = {}
+
+    # ---- what subclasses provide -------------------------------------------------------------
+
+    def _slots_needed(self, prompt_len: int, max_new_tokens: int, final_len: int | None) -> int:
+        """Slots taken at admission, rounded up to whole blocks."""
+        raise NotImplementedError
+
+    def _longest_slots(self, prompt_len: int, max_new_tokens: int, final_len: int | None) -> int:
+        """The most slots this request could ever hold at once (to refuse what can never fit)."""
+        return self._slots_needed(prompt_len, max_new_tokens, final_len)
+
+    def _fits_now(self, slots: int) -> bool:
+        raise NotImplementedError
+
+    def _place(self, seq_id, state: SequenceState, slots: int) -> SequenceState:
+        raise NotImplementedError
+
+    def _release(self, state: SequenceState) -> None:
+        raise NotImplementedError
+
+    def _occupied_slots(self, state: SequenceState) -> int:
+        raise NotImplementedError
+
+    def _largest_hole(self) -> int:
+        """Slots in the largest free region one new request could be placed in."""
+        raise NotImplementedError
+
+    def append_slots(self, seq_id, n: int) -> list[int]:
+        raise NotImplementedError
+
+    def block_table(self, seq_id) -> list[int]:
+        raise NotImplementedError
+
+    def allocated_blocks(self, seq_id) -> Sequence[int]:
+        """Every block the sequence holds, in logical order: the block table plus what is reserved
+        past its tokens (a ``range`` when the blocks are consecutive)."""
+        raise NotImplementedError
+
+    def check_invariants(self) -> None:
+        raise NotImplementedError
+
+    # ---- the shared public interface ---------------------------------------------------------
+
+    @property
+    def label(self) -> str:
+        """A name for tables and plots, e.g. "contiguous(max)"."""
+        return self.name
+
+    def seq_ids(self) -> list:
+        return list(self._seqs)
+
+    def num_tokens(self, seq_id) -> int:
+        return self._state(seq_id).num_tokens
+
+    def num_free_slots(self) -> int:
+        return self.num_slots - sum(self._occupied_slots(s) for s in self._seqs.values())
+
+    def _check_never_fits(self, prompt_len, max_new_tokens, final_len) -> int:
+        check_request(prompt_len, max_new_tokens, final_len, self.max_model_len)
+        longest = self._longest_slots(prompt_len, max_new_tokens, final_len)
+        if longest > self.num_slots:
+            raise ValueError(f"request (prompt_len={prompt_len}, max_new_tokens={max_new_tokens}) needs "
+                             f"{longest} slots under {self.label} but the whole pool has num_slots="
+                             f"{self.num_slots}; it can never fit")
+        return self._slots_needed(prompt_len, max_new_tokens, final_len)
+
+    def can_allocate(self, prompt_len: int, max_new_tokens: int, final_len: int | None = None) -> bool:
+        """True if ``allocate`` would succeed now. ValueError if the request can never fit."""
+        return self._fits_now(self._check_never_fits(prompt_len, max_new_tokens, final_len))
+
+    def allocate(self, seq_id, prompt_len: int, max_new_tokens: int, final_len: int | None = None) -> None:
+        """Admit a sequence: reserve what this policy reserves up front. No tokens are written yet.
+
+        Raises ValueError (bad input, duplicate seq_id, can never fit) or NoFreeMemory (not now).
+        """
+        slots = self._check_never_fits(prompt_len, max_new_tokens, final_len)
+        if seq_id in self._seqs:
+            raise ValueError(f"seq_id={seq_id!r} is already allocated; free it first")
+        if not self._fits_now(slots):
+            raise NoFreeMemory(f"{self.label}: seq {seq_id!r} needs {slots} slots at admission; "
+                               f"{self.num_free_slots()} slots are free, the largest usable hole "
+                               f"has {self._largest_hole()}")
+        final = final_len if final_len is not None else prompt_len + max_new_tokens
+        state = SequenceState(prompt_len, max_new_tokens, final)
+        self._seqs[seq_id] = self._place(seq_id, state, slots)
+
+    def can_append_slots(self, seq_id, n: int = 1) -> bool:
+        """True if ``append_slots(seq_id, n)`` would succeed now (a scheduler asks before a step)."""
+        raise NotImplementedError
+
+    def free(self, seq_id) -> None:
+        """Give back everything the sequence holds. It may be allocated again later (preemption)."""
+        state = self._state(seq_id)
+        self._release(state)
+        del self._seqs[seq_id]
+
+    def allocated_slots(self, seq_id) -> list[int]:
+        """Every slot the sequence holds, in logical order (its tokens first, then unused room)."""
+        bs = self.block_size
+        return [b * bs + offset for b in self.allocated_blocks(seq_id) for offset in range(bs)]
+
+    def token_slots(self, seq_id) -> list[int]:
+        """The physical slot of every token of the sequence, in order (the prefill slot mapping)."""
+        table, bs = self.block_table(seq_id), self.block_size
+        return [table[i // bs] * bs + i % bs for i in range(self.num_tokens(seq_id))]
+
+    def usage(self, head: tuple[int, int, int | None] | None = None) -> Usage:
+        """Where the slots went now. ``head``: (prompt_len, max_new_tokens, final_len) of the request
+        at the head of the waiting queue, or None if nothing waits (then external is 0)."""
+        tokens = reserved = internal = 0
+        for state in self._seqs.values():
+            occupied = self._occupied_slots(state)
+            will_fill = min(occupied, max(state.final_len, state.num_tokens))
+            tokens += state.num_tokens
+            reserved += will_fill - state.num_tokens
+            internal += occupied - will_fill
+        free_total = self.num_slots - tokens - reserved - internal
+        external = 0
+        if head is not None:
+            need = self._slots_needed(*head)
+            if self._largest_hole() < need <= free_total:
+                external = free_total
+        return Usage(self.num_slots, tokens, reserved, internal, external, free_total - external,
+                     len(self._seqs))
+
+    # ---- helpers for subclasses --------------------------------------------------------------
+
+    def _state(self, seq_id) -> SequenceState:
+        try:
+            return self._seqs[seq_id]
+        except KeyError:
+            raise KeyError(f"seq_id={seq_id!r} is not allocated in {self.label}") from None
+
+    def _check_append(self, seq_id, n) -> SequenceState:
+        check_positive_int("n", n, minimum=0)
+        return self._state(seq_id)
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}({self.label}, num_slots={self.num_slots}, "
+                f"block_size={self.block_size}, seqs={len(self._seqs)})")

@@ -1,0 +1,156 @@
+"""Chapter 03: a block table per sequence, so any free block can serve any request.
+
+Each sequence keeps a block table: entry i is the physical block that holds its logical block i,
+that is its tokens i*block_size .. (i+1)*block_size - 1. Token position p therefore lives in slot
+
+    block_table[p // block_size] * block_size + p % block_size
+
+and attention reads the cache through the same table (``minipaged.attention.paged_attention``).
+Since logical order no longer has to match physical order, a request takes *any* free blocks from
+the pool's free list: a free block is never stranded, and external fragmentation is gone.
+
+This stage still reserves the whole reservation (same rules as chapters 01-02) at admission, so
+reserved-but-unused slots and over-reservation remain; chapter 04 (``on_demand``) removes them by
+growing the table only as tokens arrive. It subclasses this one and overrides two hooks:
+
+    _slots_needed / _fits_now   what admission takes (here: the whole reservation)
+    _grow(seq_id, table, n)     what happens when a sequence needs n more blocks (here: refuse)
+
+Later chapters extend it the same way: copy-on-write passes a reference-counted ``pool`` and
+overrides ``_block_for_write`` (copy a shared block before writing into it) and
+``_check_block_owners`` (a block may then sit in several tables); a scheduler preempts by ``free``
+and re-admits by ``allocate``.
+
+Not handled: sharing blocks between sequences, swapping blocks out to CPU memory.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from minipaged.kv.base import (
+    KVPolicy,
+    ReservationExceeded,
+    SequenceState,
+    blocks_for,
+    reservation_tokens,
+)
+from minipaged.kv.block_pool import BlockPool
+
+
+@dataclass
+class BlockTable(SequenceState):
+    blocks: list[int] = field(default_factory=list)  # logical block i -> physical block blocks[i]
+
+
+class BlockTablePolicy(KVPolicy):
+    name = "block_table"
+
+    def __init__(self, num_slots: int, block_size: int = 16, max_model_len: int = 2048,
+                 reservation: str | None = "max", pool: BlockPool | None = None):
+        super().__init__(num_slots, block_size=block_size, max_model_len=max_model_len)
+        if reservation is not None:
+            reservation_tokens(reservation, 1, 1, None, max_model_len)  # ValueError for an unknown rule
+        self.reservation = reservation
+        self.pool = pool if pool is not None else BlockPool(self.num_blocks)
+        if self.pool.num_blocks != self.num_blocks:
+            raise ValueError(f"pool has {self.pool.num_blocks} blocks, the policy expects {self.num_blocks}")
+
+    @property
+    def label(self) -> str:
+        return f"{self.name}({self.reservation})" if self.reservation else self.name
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.pool.num_free
+
+    # ---- admission: the whole reservation, in any free blocks --------------------------------
+
+    def _slots_needed(self, prompt_len, max_new_tokens, final_len) -> int:
+        tokens = reservation_tokens(self.reservation, prompt_len, max_new_tokens, final_len,
+                                    self.max_model_len)
+        return blocks_for(tokens, self.block_size) * self.block_size
+
+    def _fits_now(self, slots: int) -> bool:
+        return slots // self.block_size <= self.pool.num_free
+
+    def _largest_hole(self) -> int:
+        return self.pool.num_free * self.block_size  # every free block is usable by anyone
+
+    def _place(self, seq_id, state: SequenceState, slots: int) -> BlockTable:
+        blocks = self.pool.take(slots // self.block_size)
+        return BlockTable(state.prompt_len, state.max_new_tokens, state.final_len, blocks=blocks)
+
+    def _release(self, table: BlockTable) -> None:
+        self.pool.release(table.blocks)
+        table.blocks = []
+
+    def _occupied_slots(self, table: BlockTable) -> int:
+        return len(table.blocks) * self.block_size
+
+    def num_free_slots(self) -> int:
+        return self.pool.num_free * self.block_size
+
+    # ---- tokens ------------------------------------------------------------------------------
+
+    def _blocks_missing(self, table: BlockTable, n: int) -> int:
+        return blocks_for(table.num_tokens + n, self.block_size) - len(table.blocks)
+
+    def _grow(self, seq_id, table: BlockTable, num_blocks: int) -> None:
+        """The sequence needs ``num_blocks`` more blocks. A reserving policy refuses."""
+        raise ReservationExceeded(f"seq {seq_id!r} reserved {len(table.blocks)} blocks and holds "
+                                  f"{table.num_tokens} tokens; it would need {num_blocks} more blocks")
+
+    def _can_grow(self, num_blocks: int) -> bool:
+        return False
+
+    def _block_for_write(self, seq_id, table: BlockTable, logical_block: int) -> int:
+        """The physical block that token writes into logical_block go to (copy-on-write hooks here)."""
+        return table.blocks[logical_block]
+
+    def can_append_slots(self, seq_id, n: int = 1) -> bool:
+        missing = self._blocks_missing(self._check_append(seq_id, n), n)
+        return missing <= 0 or self._can_grow(missing)
+
+    def append_slots(self, seq_id, n: int) -> list[int]:
+        table = self._check_append(seq_id, n)
+        missing = self._blocks_missing(table, n)
+        if missing > 0:
+            self._grow(seq_id, table, missing)  # all or nothing: raises before changing anything
+        bs = self.block_size
+        slots = [self._block_for_write(seq_id, table, p // bs) * bs + p % bs
+                 for p in range(table.num_tokens, table.num_tokens + n)]
+        table.num_tokens += n
+        return slots
+
+    def block_table(self, seq_id) -> list[int]:
+        table = self._state(seq_id)
+        return table.blocks[:blocks_for(table.num_tokens, self.block_size)]
+
+    def allocated_blocks(self, seq_id) -> list[int]:
+        return list(self._state(seq_id).blocks)
+
+    # ---- invariants --------------------------------------------------------------------------
+
+    def _check_block_owners(self, holders: Counter) -> None:
+        """At this stage a block belongs to at most one table."""
+        shared = [b for b, count in holders.items() if count > 1]
+        assert not shared, f"blocks {shared[:8]} appear in more than one block table"
+
+    def _check_table(self, seq_id, table: BlockTable) -> None:
+        assert len(table.blocks) * self.block_size >= table.num_tokens, (
+            f"seq {seq_id!r}: {len(table.blocks)} blocks cannot cover {table.num_tokens} tokens")
+
+    def check_invariants(self) -> None:
+        self.pool.check_invariants()
+        holders: Counter = Counter()
+        for seq_id, table in self._seqs.items():
+            self._check_table(seq_id, table)
+            for block in table.blocks:
+                assert 0 <= block < self.num_blocks, f"seq {seq_id!r} maps out-of-range block {block}"
+                assert not self.pool.is_free(block), f"block {block} is in seq {seq_id!r}'s table and free"
+            holders.update(table.blocks)
+        self._check_block_owners(holders)
+        assert len(holders) + self.pool.num_free == self.num_blocks, (
+            f"owned {len(holders)} + free {self.pool.num_free} != total {self.num_blocks} blocks")

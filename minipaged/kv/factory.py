@@ -1,0 +1,39 @@
+"""``make_policy``: build any KV policy by name, so every stage stays selectable by configuration.
+
+    make_policy("contiguous", num_slots=32768, reservation="max")     chapter 01
+    make_policy("fixed_blocks", num_slots=32768, block_size=16)       chapter 02
+    make_policy("block_table", num_slots=32768, block_size=16)        chapter 03
+    make_policy("on_demand", num_slots=32768, block_size=16)          chapter 04
+
+``reservation`` ("max", "pow2" or "oracle") applies to the three reserving policies; on_demand
+reserves nothing ahead and ignores it. The contiguous arena always has block_size 1.
+"""
+
+from __future__ import annotations
+
+from minipaged.kv.base import RESERVATION_RULES, KVPolicy
+from minipaged.kv.block_table import BlockTablePolicy
+from minipaged.kv.contiguous import ContiguousArena
+from minipaged.kv.fixed_blocks import FixedBlockPolicy
+from minipaged.kv.on_demand import OnDemandPolicy
+
+POLICIES = ("contiguous", "fixed_blocks", "block_table", "on_demand")
+RESERVING_POLICIES = ("contiguous", "fixed_blocks", "block_table")
+
+
+def make_policy(name: str, num_slots: int, block_size: int = 16, max_model_len: int = 2048,
+                reservation: str = "max", **options) -> KVPolicy:
+    """A fresh, empty policy. ``options`` go to the class (e.g. ``watermark`` for on_demand)."""
+    if name not in POLICIES:
+        raise ValueError(f"policy name={name!r} is not known; choose one of {list(POLICIES)}")
+    if reservation not in RESERVATION_RULES:
+        raise ValueError(f"reservation={reservation!r} is not known; choose one of {list(RESERVATION_RULES)}")
+    if name == "contiguous":
+        return ContiguousArena(num_slots, max_model_len=max_model_len, reservation=reservation, **options)
+    if name == "fixed_blocks":
+        return FixedBlockPolicy(num_slots, block_size=block_size, max_model_len=max_model_len,
+                                reservation=reservation, **options)
+    if name == "block_table":
+        return BlockTablePolicy(num_slots, block_size=block_size, max_model_len=max_model_len,
+                                reservation=reservation, **options)
+    return OnDemandPolicy(num_slots, block_size=block_size, max_model_len=max_model_len, **options)

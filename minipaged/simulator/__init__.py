@@ -9,10 +9,10 @@ No model and no torch: a thousand requests take well under a second per policy.
 """
 
 from minipaged.simulator.compare import SWEEP_BLOCK_SIZES, compare_policies, policy_variants, sweep_block_size
-from minipaged.simulator.sim import SimulationResult, Timeline, simulate
+from minipaged.simulator.sim import SimulationResult, StepRecord, Timeline, simulate
 from minipaged.simulator.workloads import WORKLOADS, Request, describe, make_workload
 
 __all__ = [
-    "Request", "WORKLOADS", "make_workload", "describe", "simulate", "SimulationResult", "Timeline",
+    "Request", "WORKLOADS", "make_workload", "describe", "simulate", "SimulationResult", "StepRecord", "Timeline",
     "compare_policies", "policy_variants", "sweep_block_size", "SWEEP_BLOCK_SIZES",
 ]

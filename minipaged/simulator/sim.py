@@ -65,6 +65,16 @@ class Timeline:
     state: list[list[int]] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class StepRecord:
+    """The memory state at one step's record point, and the queue beside it."""
+
+    step: int
+    usage: Usage
+    running: int
+    waiting: int  # > 0 makes this a loaded step
+
+
 @dataclass
 class SimulationResult:
     policy: str
@@ -82,7 +92,7 @@ class SimulationResult:
     utilization_basis: str = "loaded"
     peak_utilization: float = 0.0
     mean_usage: dict = field(default_factory=dict)
-    history: list[Usage] | None = None
+    history: list[StepRecord] | None = None  # with record_history=True
     timeline: Timeline | None = None
 
     def summary(self) -> dict:
@@ -148,7 +158,8 @@ def simulate(policy: KVPolicy, requests: list[Request], *, record_history: bool 
              ) -> SimulationResult:
     """Run the trace to completion on an empty ``policy``; the policy ends empty again.
 
-    record_history keeps every step's Usage. timeline_steps > 0 records a memory map: that many
+    record_history keeps a StepRecord per simulated step (idle stretches with nothing to do are
+    skipped, so there may be fewer records than ``steps``). timeline_steps > 0 records a memory map: that many
     snapshots, one every timeline_every steps from the start, each at most timeline_cells cells.
     """
     if policy.seq_ids():
@@ -207,7 +218,7 @@ def simulate(policy: KVPolicy, requests: list[Request], *, record_history: bool 
 
         usage = policy.usage(waiting[0].sizes() if waiting else None)  # 4. record
         if record_history:
-            result.history.append(usage)
+            result.history.append(StepRecord(step, usage, len(running), len(waiting)))
         if (result.timeline is not None and len(result.timeline.steps) < timeline_steps
                 and step % timeline_every == 0):
             _snapshot(policy, running, usage, result.timeline, step)

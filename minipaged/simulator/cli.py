@@ -85,7 +85,8 @@ def format_table(results) -> str:
     lines = [header, "-" * len(header)]
     for r in results:
         u = r.mean_usage
-        lines.append(f"{r.policy:<22}{_percent(r.utilization):>7}{_percent(u['tokens']):>8}"
+        util = _percent(r.utilization) + ("*" if r.utilization_basis != "loaded" else "")
+        lines.append(f"{r.policy:<22}{util:>7}{_percent(u['tokens']):>8}"
                      f"{_percent(u['reserved']):>8}{_percent(u['internal']):>8}{_percent(u['external']):>8}"
                      f"{_percent(u['free']):>8}{r.max_concurrent:>9}{len(r.refused):>8}{r.preemptions:>8}"
                      f"{r.steps:>8}{r.fragmentation_blocked_steps:>9}")
@@ -93,7 +94,8 @@ def format_table(results) -> str:
 
 
 LEGEND = """\
-util      tokens / occupied slots, time-averaged over loaded steps (a request waiting)
+util      tokens / occupied slots, time-averaged over loaded steps (a request waiting);
+          * = never loaded, averaged over the busy steps instead
 tokens .. free   share of the pool in each state over the same steps (definitions: minipaged/kv/base.py)
 max_conc  most requests running at once; preempt: sequences evicted for lack of a free block
 frag_blk  loaded steps where the queue head was refused although all free slots together held it"""

@@ -177,3 +177,13 @@ def test_random_operations_keep_the_invariants(ops, reservation):
         a.free(seq)
     a.check_invariants()
     assert a.holes() == [(0, 300)] and a.usage().free == 300  # no leak
+
+
+def test_bookkeeping_imports_neither_torch_nor_matplotlib():
+    import subprocess
+    import sys
+
+    code = ("import sys, minipaged.kv, minipaged.simulator, minipaged.plots; "
+            "print(sorted(m for m in ('torch', 'matplotlib', 'numpy') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

@@ -1,0 +1,40 @@
+"""numba.cuda PagedAttention kernels, from plain to clever, each checked against the PyTorch reference.
+
+    config.py    compile-time sizes and the v1/v2 rule (pure Python)
+    tile_ops.py  the device functions every kernel is built from: stage a K/V tile in shared memory,
+                 score it, take one online-softmax step, accumulate V
+    v1_group.py  v1: one block per (sequence, KV head, row tile); K and V are read once per head group
+    v2_split.py  v2: v1's work split along the context into partitions, then a merge kernel
+
+Host code (choosing a kernel, launching on torch tensors) is in ``minipaged.attention.numba_backend``.
+
+Which CUDA numba uses is fixed when numba is first imported: a real GPU, or the CUDA simulator
+(``NUMBA_ENABLE_CUDASIM=1``), which runs kernels in Python threads on the CPU. Importing this package
+picks the simulator when torch sees no GPU and the variable is unset, so the kernels run anywhere;
+set ``NUMBA_ENABLE_CUDASIM=0`` beforehand to get the real ``numba.cuda`` (e.g. for ``compile_ptx``
+on a machine without a GPU). Nothing here imports numba until a kernel module is imported.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+
+def _pick_cuda_target() -> None:
+    if "numba" in sys.modules or "NUMBA_ENABLE_CUDASIM" in os.environ:
+        return  # already decided (numba reads the variable once, at import)
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
+
+
+_pick_cuda_target()
+
+
+def using_simulator() -> bool:
+    """True when numba runs kernels in its CUDA simulator (imports numba)."""
+    from numba import config
+
+    return bool(config.ENABLE_CUDASIM)

@@ -1,0 +1,133 @@
+"""Compile-time shapes of the numba kernels, and the rule that picks v1 or v2 (pure Python, no numba).
+
+A CUDA kernel sizes its shared memory at compile time, so the numbers below are baked into each
+compiled kernel, much as C++ kernels take them as template parameters. ``KernelConfig.for_head_dim``
+gives the defaults used everywhere; tests may build smaller ones.
+
+The split rule (``choose_num_partitions``) lives here so it can be read and tested without a GPU:
+
+    v1 (one block per sequence x KV head x row tile) when it already launches enough blocks to fill
+    the GPU, or when the context is too short to be worth splitting; otherwise
+    v2 (the same blocks, each split into partitions along the context), with just enough
+    partitions to reach the target block count, never shorter than MIN_PARTITION_TOKENS each.
+
+Not handled yet: head dims that do not divide the thread count evenly (64, 128 and 256 do).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+THREADS_PER_BLOCK = 128      # 4 warps: enough to issue many loads at once, small enough to fit several per SM
+TILE_ELEMENTS = 2048         # K (and V) elements staged in shared memory per step: tile_tokens * head_dim
+MAX_ROWS = 16                # query rows (query tokens x heads of one group) one block serves at once
+MIN_PARTITION_TOKENS = 256   # v2 never splits a context into pieces shorter than this
+BLOCKS_PER_SM = 8            # v2 aims for about this many blocks per streaming multiprocessor
+DEFAULT_NUM_SMS = 132        # an H100/H200 has 132; used when the device cannot be asked (the simulator)
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    head_dim: int
+    tile_tokens: int          # keys (and values) loaded into shared memory per step
+    num_threads: int = THREADS_PER_BLOCK
+    max_rows: int = MAX_ROWS  # query rows per block; more rows -> more blocks along grid z
+    block_size: int = 16      # tokens per KV block: a constant, so position -> (block, slot) is a shift
+
+    def __post_init__(self):
+        if min(self.head_dim, self.tile_tokens, self.max_rows, self.block_size, self.num_threads) <= 0:
+            raise ValueError(f"KernelConfig needs positive sizes, got {self}")
+        if self.max_rows > self.num_threads:
+            raise ValueError(f"max_rows ({self.max_rows}) must not exceed num_threads ({self.num_threads}): "
+                             "the softmax step gives each row one thread")
+        if (self.max_rows * self.head_dim) % self.num_threads:
+            raise ValueError(f"max_rows * head_dim ({self.max_rows} * {self.head_dim}) must be a multiple "
+                             f"of num_threads ({self.num_threads}): each thread owns equal output slots")
+
+    @property
+    def acc_slots(self) -> int:
+        """Output elements (row, dim) each thread accumulates in registers."""
+        return self.max_rows * self.head_dim // self.num_threads
+
+    @property
+    def shared_bytes(self) -> int:
+        """Static shared memory of one block, all fp32 (the +1 pads rows against bank conflicts)."""
+        padded = self.head_dim + 1
+        floats = (self.max_rows * padded          # query rows
+                  + 2 * self.tile_tokens * padded  # K and V tiles
+                  + self.max_rows * self.tile_tokens  # scores, then probabilities
+                  + 4 * self.max_rows)             # running max, running sum, rescale factor, key limit
+        return 4 * floats
+
+    @classmethod
+    def for_head_dim(cls, head_dim: int, block_size: int = 16) -> KernelConfig:
+        """The sizes used on a GPU."""
+        return cls(head_dim=head_dim, tile_tokens=max(1, TILE_ELEMENTS // head_dim), block_size=block_size)
+
+    @classmethod
+    def for_simulator(cls, head_dim: int, block_size: int = 16) -> KernelConfig:
+        """Smaller sizes for numba's CUDA simulator, which runs one Python thread per CUDA thread.
+
+        The kernel code is the same; one warp and short tiles just make it finish sooner (and cross
+        more tile boundaries on short test contexts).
+        """
+        return cls(head_dim=head_dim, tile_tokens=8, num_threads=32, max_rows=8, block_size=block_size)
+
+
+def num_row_tiles(max_query_len: int, group: int, max_rows: int = MAX_ROWS) -> int:
+    """Blocks along grid z: a sequence's query rows (query tokens x heads of a group), max_rows at a time."""
+    return math.ceil(max_query_len * group / max_rows)
+
+
+def choose_num_partitions(num_work_units: int, max_context_len: int, num_sms: int = DEFAULT_NUM_SMS,
+                          tile_tokens: int = 1) -> tuple[int, int]:
+    """The v1/v2 rule. Returns (num_partitions, partition_tokens); one partition means v1.
+
+    num_work_units = num_seqs * num_kv_heads * row tiles, the blocks v1 would launch.
+    """
+    target_blocks = BLOCKS_PER_SM * num_sms
+    most_partitions = max_context_len // MIN_PARTITION_TOKENS  # each piece >= MIN_PARTITION_TOKENS
+    if num_work_units >= target_blocks or most_partitions <= 1:
+        return 1, max_context_len
+    wanted = math.ceil(target_blocks / max(num_work_units, 1))
+    num_partitions = min(wanted, most_partitions)
+    return num_partitions, partition_tokens_for(max_context_len, num_partitions, tile_tokens)
+
+
+def partition_tokens_for(max_context_len: int, num_partitions: int, tile_tokens: int = 1) -> int:
+    """Tokens per partition so that num_partitions cover max_context_len; a whole number of tiles."""
+    per_part = math.ceil(max_context_len / num_partitions)
+    return math.ceil(per_part / tile_tokens) * tile_tokens
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    kernel: str             # "v1" or "v2"
+    row_tiles: int          # blocks along grid z per (sequence, KV head) for the query rows
+    num_partitions: int     # v2 only (1 for v1)
+    partition_tokens: int   # keys per partition (v2); the longest context for v1
+
+    def grid(self, num_seqs: int, num_kv_heads: int) -> tuple[int, int, int]:
+        return (num_seqs, num_kv_heads, self.row_tiles * self.num_partitions)
+
+
+def plan_launch(num_seqs: int, num_kv_heads: int, group: int, max_query_len: int, max_context_len: int,
+                cfg: KernelConfig, num_sms: int = DEFAULT_NUM_SMS, kernel: str = "auto",
+                num_partitions: int | None = None) -> LaunchPlan:
+    """Which kernel runs and how its grid is cut. kernel="auto" applies choose_num_partitions."""
+    if kernel not in ("auto", "v1", "v2"):
+        raise ValueError(f"kernel={kernel!r}; choose 'auto', 'v1' or 'v2'")
+    row_tiles = num_row_tiles(max_query_len, group, cfg.max_rows)
+    if kernel == "v1":
+        return LaunchPlan("v1", row_tiles, 1, max_context_len)
+    if num_partitions is None:
+        num_partitions, part_tokens = choose_num_partitions(num_seqs * num_kv_heads * row_tiles,
+                                                            max_context_len, num_sms, cfg.tile_tokens)
+    elif num_partitions < 1:
+        raise ValueError(f"num_partitions must be >= 1, got {num_partitions}")
+    else:
+        part_tokens = partition_tokens_for(max_context_len, num_partitions, cfg.tile_tokens)
+    if kernel == "auto" and num_partitions == 1:
+        return LaunchPlan("v1", row_tiles, 1, max_context_len)
+    return LaunchPlan("v2", row_tiles, num_partitions, part_tokens)

@@ -1,0 +1,125 @@
+"""Compile every kernel to PTX for a chosen GPU architecture, with no GPU present.
+
+    NUMBA_ENABLE_CUDASIM=0 python -m minipaged.attention.kernels.ptx [--cc 9.0] [--dump DIR]
+
+The simulator runs kernels as Python, so it never type-checks them: a float64 that crept into the
+inner loop or an fp16 store numba cannot lower only shows up when the kernel is really compiled.
+``numba.cuda.compile_ptx`` runs the real compiler (numba -> NVVM, shipped by ``numba-cuda[cu13]``)
+for any compute capability without a device, so this catches those errors on any machine.
+
+It needs the real ``numba.cuda``: run it in a process where ``NUMBA_ENABLE_CUDASIM`` is 0 or unset
+and torch sees no GPU is fine (this module sets the variable to 0 before numba is imported, unless
+numba was imported earlier as the simulator, in which case it raises).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+from types import SimpleNamespace
+
+if "numba" not in sys.modules:
+    os.environ["NUMBA_ENABLE_CUDASIM"] = "0"
+
+from numba import config as numba_config  # noqa: E402
+
+if numba_config.ENABLE_CUDASIM:
+    raise ImportError("minipaged.attention.kernels.ptx needs the real numba.cuda, but numba was already "
+                      "imported with NUMBA_ENABLE_CUDASIM=1; run it in a fresh process")
+
+from numba import cuda, types  # noqa: E402
+
+from minipaged.attention.kernels.config import KernelConfig  # noqa: E402
+from minipaged.attention.kernels.v1_group import make_v1_kernel  # noqa: E402
+from minipaged.attention.kernels.v2_split import make_v2_kernels  # noqa: E402
+
+DTYPES = {"float16": types.float16, "float32": types.float32}
+
+
+def kernel_signatures(cfg: KernelConfig, dtype_name: str) -> dict:
+    """name -> (python function, argument types), as torch tensors arrive: C-contiguous arrays."""
+    dt = DTYPES[dtype_name]
+    f32, i32 = types.float32, types.int32
+
+    def arr(t, ndim):
+        return types.Array(t, ndim, "C")
+
+    act = arr(dt, 3)                # q and out [num_tokens, num_heads, D]
+    cache = arr(dt, 4)              # [num_blocks, block_size, num_kv_heads, D]
+    ints = (arr(i32, 2), arr(i32, 1), arr(i32, 1), arr(i32, 1))  # block_tables, ctx, q_start, q_lens
+    v1 = make_v1_kernel(cfg)
+    part, merge = make_v2_kernels(cfg)
+    return {
+        "v1": (v1.py_func, (act, act, cache, cache, *ints, f32)),
+        "v2_partition": (part.py_func, (arr(f32, 4), arr(f32, 3), arr(f32, 3), act, cache, cache, *ints, f32,
+                                        i32, i32)),
+        "v2_merge": (merge.py_func, (act, arr(f32, 4), arr(f32, 3), arr(f32, 3))),
+    }
+
+
+@contextlib.contextmanager
+def _assume_device(cc):
+    """compile_ptx takes a target cc, but numba compiles the *device functions* a kernel calls for
+    the current device, which needs a driver. With none, tell numba which device to assume."""
+    import numba.cuda.dispatcher as dispatcher
+
+    if cuda.is_available():
+        yield
+        return
+    real = dispatcher.get_current_device
+    dispatcher.get_current_device = lambda: SimpleNamespace(compute_capability=cc)
+    try:
+        yield
+    finally:
+        dispatcher.get_current_device = real
+
+
+def compile_all(cc=(9, 0), head_dims=(64, 128), dtypes=("float16", "float32")) -> dict:
+    """(kernel name, head_dim, dtype) -> PTX text, for the GPU configs of each head_dim."""
+    ptx = {}
+    with _assume_device(cc):
+        for head_dim in head_dims:
+            cfg = KernelConfig.for_head_dim(head_dim)
+            for dtype_name in dtypes:
+                for name, (fn, sig) in kernel_signatures(cfg, dtype_name).items():
+                    text, _ = cuda.compile_ptx(fn, sig, cc=cc)
+                    ptx[(name, head_dim, dtype_name)] = text
+    return ptx
+
+
+def summarize(ptx: dict, cc) -> list[dict]:
+    target = f".target sm_{cc[0]}{cc[1]}"
+    return [{"kernel": name, "head_dim": head_dim, "dtype": dtype_name, "ptx_chars": len(text),
+             "target": target in text, "entry": ".entry" in text, "f64_mentions": text.count(".f64")}
+            for (name, head_dim, dtype_name), text in ptx.items()]
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cc", default="9.0", help="compute capability, e.g. 9.0 (Hopper), 8.0 (A100)")
+    parser.add_argument("--dump", help="write each kernel's PTX into this directory")
+    parser.add_argument("--json", action="store_true", help="print the summary as JSON")
+    args = parser.parse_args(argv)
+    cc = tuple(int(x) for x in args.cc.split("."))
+    ptx = compile_all(cc=cc)
+    rows = summarize(ptx, cc)
+    if args.dump:
+        os.makedirs(args.dump, exist_ok=True)
+        for (name, head_dim, dtype_name), text in ptx.items():
+            with open(os.path.join(args.dump, f"{name}_d{head_dim}_{dtype_name}.ptx"), "w") as f:
+                f.write(text)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    else:
+        for r in rows:
+            print(f"{r['kernel']:13s} head_dim={r['head_dim']:<4d} {r['dtype']:8s} {r['ptx_chars']:7d} chars of "
+                  f"PTX, .target sm_{cc[0]}{cc[1]}: {'yes' if r['target'] else 'NO'}, "
+                  f".f64 mentions: {r['f64_mentions']}")
+    return 0 if all(r["target"] and r["entry"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,96 @@
+"""The "numba" backend behind the shared signature: dispatch, the v1/v2 choice, odd inputs, bad inputs."""
+
+import pytest
+import torch
+
+from minipaged.attention import available_backends, paged_attention
+from minipaged.attention.bench_kernels import random_paged_batch
+from minipaged.attention.kernels.config import KernelConfig
+
+
+def args_of(b):
+    return b["q"], b["k_cache"], b["v_cache"], b["block_tables"], b["context_lens"]
+
+
+def test_registered_and_matches_reference(numba_cuda):
+    assert "numba" in available_backends()
+    b = random_paged_batch([5, 33], [5, 2], num_heads=4, num_kv_heads=2, head_dim=64, seed=4)
+    out = paged_attention(*args_of(b), query_lens=b["query_lens"], backend="numba")
+    ref = paged_attention(*args_of(b), query_lens=b["query_lens"], backend="torch")
+    torch.testing.assert_close(out, ref, atol=2e-5, rtol=1e-5)
+
+
+def test_auto_picks_v2_for_few_long_sequences(compare, monkeypatch):
+    from minipaged.attention import numba_backend
+
+    chosen = []
+    for name in ("run_v1", "run_v2"):
+        real = getattr(numba_backend, name)
+        monkeypatch.setattr(numba_backend, name,
+                            lambda *a, _real=real, _name=name: (chosen.append(_name), _real(*a))[1])
+    compare(random_paged_batch([520, 3], num_heads=3, num_kv_heads=1, head_dim=64, seed=5))
+    compare(random_paged_batch([40, 3], num_heads=3, num_kv_heads=1, head_dim=64, seed=5))
+    assert chosen == ["run_v2", "run_v1"]  # 2 blocks for a 520-key context: split; 40 keys: not worth it
+
+
+def test_tiny_model_head_dim_16_and_custom_scale(numba_cuda):
+    b = random_paged_batch([3, 18], num_heads=4, num_kv_heads=2, head_dim=16, seed=6)
+    out = paged_attention(*args_of(b), scale=0.3, backend="numba")
+    ref = paged_attention(*args_of(b), scale=0.3, backend="torch")
+    torch.testing.assert_close(out, ref, atol=2e-5, rtol=1e-5)
+
+
+def test_non_contiguous_q(compare):
+    b = random_paged_batch([9, 20], num_heads=3, num_kv_heads=1, head_dim=64, seed=7)
+    wide = torch.randn(2, 3, 128)
+    wide[:, :, :64] = b["q"]
+    b["q"] = wide[:, :, :64]  # a view with strides, as a slice of a fused qkv projection would be
+    assert not b["q"].is_contiguous()
+    compare(b, kernel="v1")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kernel,parts", [("v1", None), ("v2", 2)])
+def test_gpu_sizes_in_the_simulator(compare, kernel, parts):
+    """The sizes a GPU runs (128 threads, 32-key tiles, 16 rows), not the simulator's small ones."""
+    b = random_paged_batch([1, 17, 70], num_heads=3, num_kv_heads=1, head_dim=64, seed=8)
+    compare(b, kernel=kernel, num_partitions=parts, config=KernelConfig.for_head_dim(64))
+
+
+@pytest.mark.parametrize("mutate,match", [
+    (lambda b: b.update(q=b["q"].double(), k_cache=b["k_cache"].double(), v_cache=b["v_cache"].double()),
+     "dtype"),
+    (lambda b: b.update(q=b["q"].half()), "dtype"),
+    (lambda b: b.update(block_tables=b["block_tables"].long()), "block_tables"),
+    (lambda b: b.update(block_tables=b["block_tables"][:, :1]), "block_tables has 1 columns"),
+    (lambda b: b.update(context_lens=b["context_lens"].long()), "context_lens"),
+    (lambda b: b.update(q=b["q"][:1]), "q has 1 rows"),
+    (lambda b: b.update(query_lens=torch.tensor([2, 1], dtype=torch.int32)), "sum\\(query_lens\\)"),
+    (lambda b: b.update(query_lens=torch.tensor([1, 40], dtype=torch.int32),
+                        q=torch.randn(41, 3, 64)), "query_lens must lie"),
+    (lambda b: b.update(k_cache=b["k_cache"][..., :32]), "k_cache"),
+    (lambda b: b.update(k_cache=torch.randn(9, 16, 2, 64), v_cache=torch.randn(9, 16, 2, 64)),
+     "multiple of num_kv_heads"),
+])
+def test_bad_input_is_a_clear_value_error(numba_cuda, mutate, match):
+    b = random_paged_batch([5, 20], num_heads=3, num_kv_heads=1, head_dim=64, seed=9)
+    mutate(b)
+    with pytest.raises(ValueError, match=match):
+        paged_attention(*args_of(b), query_lens=b["query_lens"], backend="numba")
+
+
+def test_bad_options(numba_cuda):
+    from minipaged.attention.numba_backend import paged_attention_numba
+
+    b = random_paged_batch([5], num_heads=3, num_kv_heads=1, head_dim=64)
+    with pytest.raises(ValueError, match="kernel"):
+        paged_attention_numba(*args_of(b), kernel="v9")
+    with pytest.raises(ValueError, match="head_dim=128"):
+        paged_attention_numba(*args_of(b), config=KernelConfig.for_head_dim(128))
+
+
+def test_out_of_range_block_is_refused(numba_cuda):
+    b = random_paged_batch([5, 20], num_heads=3, num_kv_heads=1, head_dim=64)
+    b["block_tables"][1, 1] = b["k_cache"].shape[0]
+    with pytest.raises(ValueError, match="block_tables entries"):
+        paged_attention(*args_of(b), backend="numba")

@@ -1,0 +1,49 @@
+"""The benchmark's arithmetic and inputs (no GPU): the chapter's numbers come from these functions."""
+
+import pytest
+import torch
+
+from minipaged.attention import bench_kernels as bk
+from minipaged.model.config import SMOLLM2_135M
+
+
+def test_smollm2_bytes_per_token():
+    r = bk.roofline()
+    assert r["kv_bytes_per_token"]["smollm2"]["fp32_all_layers"] == 2 * 30 * 3 * 64 * 4 == 46_080
+    assert r["kv_bytes_per_token"]["smollm2"]["fp16_one_layer"] == 768
+
+
+def test_decode_attention_is_far_below_the_ridge_point():
+    r = bk.roofline(peak_gbps=4800, peak_tflops=67.0)
+    assert all(row["flop_per_byte"] < 5 < r["ridge_flop_per_byte"] for row in r["rows"])
+    nbytes = bk.decode_attention_bytes(SMOLLM2_135M, 64, 2048)
+    assert nbytes == 2 * 64 * 2048 * 3 * 64 * 2 + 2 * 64 * 9 * 64 * 2
+
+
+def test_device_table():
+    assert bk.device_peaks("NVIDIA H200")[0] == 4800
+    assert bk.device_peaks("NVIDIA H100 PCIe")[0] == 2000  # the longer key wins over "H100"
+    assert bk.device_peaks("NVIDIA H100 80GB HBM3")[0] == 3350
+    assert bk.device_peaks("Some Future GPU") is None
+
+
+def test_random_paged_batch_layout():
+    b = bk.random_paged_batch([1, 16, 17], [1, 4, 17], num_heads=4, num_kv_heads=2, head_dim=8,
+                              block_size=16, share_first_block=True)
+    assert b["q"].shape == (22, 4, 8) and b["k_cache"].shape[1:] == (16, 2, 8)
+    table = b["block_tables"]
+    assert table.dtype == torch.int32 and table.shape == (3, 2)
+    assert table[0, 0] == table[1, 0] == table[2, 0]  # shared first block
+    assert table[2, 1] != table[0, 0] and int(table[0, 1]) == b["k_cache"].shape[0]  # padding: out of range
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message printed where there is no GPU")
+def test_without_a_gpu_it_says_so(capsys):
+    import argparse
+
+    p = argparse.ArgumentParser()
+    bk.add_arguments(p)
+    assert bk.main(p.parse_args([])) == 2
+    assert "no CUDA GPU" in capsys.readouterr().err
+    assert bk.main(p.parse_args(["--roofline"])) == 0
+    assert "46,080 B" in capsys.readouterr().out

@@ -1,0 +1,51 @@
+"""Chapter 00: the command line explains itself, runs, and reports bad input without a traceback."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from minipaged.cli import build_parser, main
+
+
+def run_cli(*args):
+    return subprocess.run([sys.executable, "-m", "minipaged", *args], capture_output=True, text=True, timeout=300)
+
+
+def test_every_subcommand_has_help_for_every_option():
+    parser = build_parser()
+    subparsers = next(a for a in parser._actions if a.dest == "command").choices
+    assert {"chat", "generate", "bench"} <= set(subparsers)
+    for name, sub in subparsers.items():
+        for action in sub._actions:
+            if action.dest not in ("help", "bench") and action.option_strings:
+                assert action.help, f"{name} {action.option_strings} has no help text"
+
+
+def test_help_runs():
+    r = run_cli("--help")
+    assert r.returncode == 0 and "chat" in r.stdout and "generate" in r.stdout
+    r = run_cli("generate", "--help")
+    assert r.returncode == 0 and "--max-tokens" in r.stdout and "--file" in r.stdout
+
+
+def test_generate_with_tiny_model_json(tmp_path, capsys):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("first prompt\nsecond\\nwith a newline\n")
+    assert main(["generate", "--model", "tiny", "--file", str(prompts), "--max-tokens", "4", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert [d["prompt"] for d in data] == ["first prompt", "second\nwith a newline"]
+    assert all(len(d["outputs"][0]["token_ids"]) <= 4 for d in data)
+
+
+def test_bad_input_is_an_error_message_not_a_traceback(capsys):
+    assert main(["generate", "--model", "tiny", "--top-p", "2", "hello"]) == 2
+    err = capsys.readouterr().err
+    assert "SamplingParams.top_p=2.0" in err and "Traceback" not in err
+
+
+@pytest.mark.slow
+def test_chat_command_real_model():
+    r = run_cli("chat", "What is the capital of France?", "--max-tokens", "20")
+    assert r.returncode == 0 and "Paris" in r.stdout

@@ -1,0 +1,31 @@
+"""Shared fixtures: the tiny random model (fast) and the real SmolLM2-135M (fetched once, cached)."""
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def tiny_llm():
+    from minipaged import LLM
+
+    return LLM("tiny", progress=False)
+
+
+@pytest.fixture(scope="session")
+def real_llm():
+    from minipaged import LLM
+
+    return LLM("smollm2-135m", progress=False)
+
+
+# Prompts that exercise the tokenizer and the model: chat and raw text, non-ASCII, code, digits,
+# runs of spaces and newlines.
+PARITY_PROMPTS = [
+    ("chat", "What is the capital of France?"),
+    ("chat", "Write a haiku about memory."),
+    ("chat", "Translate to French: the cat sleeps on the warm stone."),
+    ("raw", "The quick brown fox jumps over the lazy dog. The"),
+    ("raw", "Héllo wörld! Ça va? 日本語のテキスト, emojis 😀🚀 and naïve café."),
+    ("raw", "def fibonacci(n):\n    if n < 2:\n        return n\n    return"),
+    ("raw", "Numbers: 3.14159, 2718, 1,000,000 and 42 + 58 = 100. Next: 7 8 9"),
+    ("raw", "Line one\n\n\nLine    four   has    spaces\t\ttabs\n    indented"),
+]

@@ -16,13 +16,14 @@ from __future__ import annotations
 import itertools
 
 from minipaged.engine import NaiveEngine
+from minipaged.kv.factory import POLICIES, make_policy
 from minipaged.model import load_model
 from minipaged.outputs import RequestOutput
 from minipaged.sampling import make_generator, sample_seed
 from minipaged.sampling_params import SamplingParams
 from minipaged.sequence import Sequence
 
-KV_POLICIES = ("per_request",)
+KV_POLICIES = ("per_request", *POLICIES)
 
 
 class LLM:
@@ -32,15 +33,29 @@ class LLM:
         model: "smollm2-135m" (the real chat model), "smollm2-135m-random", "tiny", or a .gguf path.
         dtype: "float32" (default; matches the reference implementation token for token), "bfloat16".
         seed: seeds the random weights of "tiny" and "smollm2-135m-random".
-        kv_policy: where K and V live. "per_request" (chapter 00): a growing tensor per sequence.
+        kv_policy: where K and V live.
+            "per_request"  (chapter 00) a growing tensor per sequence, one sequence at a time;
+            "contiguous"   (chapter 01) one slab per request in a pooled arena, first fit;
+            "fixed_blocks" (chapter 02) a contiguous run of fixed-size blocks per request;
+            "block_table"  (chapter 03) any free blocks, through a block table, reserved up front;
+            "on_demand"    (chapter 04) blocks taken as tokens arrive.
+            Every policy but "per_request" batches sequences in a shared pool (paged_engine.py).
+        block_size: tokens per KV block (pooled policies; the contiguous arena uses 1).
+        kv_capacity_tokens: size of the KV pool in token slots (pooled policies; default 8192).
+        reservation: what reserving policies set aside per request: "max" (max_model_len),
+            "pow2" (next power of two of prompt + max_tokens) or "oracle" (prompt + max_tokens).
+        attention_backend: "torch" (the reference) or "numba" (chapter 10's kernels).
+        max_num_seqs: most sequences running at once (pooled policies).
         use_cache: False recomputes every token's K and V at every step (the oracle for caching).
         max_model_len: longest prompt + output allowed (default: the model's context length).
         device: torch device for the model.
     """
 
     def __init__(self, model: str = "smollm2-135m", *, dtype="float32", seed: int = 0,
-                 kv_policy: str = "per_request", use_cache: bool = True, max_model_len: int | None = None,
-                 device: str = "cpu", progress: bool = True):
+                 kv_policy: str = "per_request", block_size: int = 16, kv_capacity_tokens: int = 8192,
+                 reservation: str = "max", attention_backend: str = "torch", max_num_seqs: int = 64,
+                 use_cache: bool = True, max_model_len: int | None = None, device: str = "cpu",
+                 progress: bool = True):
         if kv_policy not in KV_POLICIES:
             raise ValueError(f"kv_policy={kv_policy!r} is not known; choose one of {list(KV_POLICIES)}")
         loaded = load_model(model, dtype=dtype, seed=seed, progress=progress, device=device)
@@ -49,8 +64,19 @@ class LLM:
             raise ValueError(f"max_model_len={max_model_len} must be in [2, {self.config.max_model_len}]")
         self.max_model_len = max_model_len or self.config.max_model_len
         self.kv_policy = kv_policy
-        self.engine = NaiveEngine(self.model, self.tokenizer, use_cache=use_cache)
+        if kv_policy == "per_request":
+            self.engine = NaiveEngine(self.model, self.tokenizer, use_cache=use_cache)
+        else:
+            from minipaged.paged_engine import PagedEngine
+
+            if not isinstance(max_num_seqs, int) or max_num_seqs < 1:
+                raise ValueError(f"max_num_seqs={max_num_seqs!r} must be an integer >= 1")
+            policy = make_policy(kv_policy, num_slots=kv_capacity_tokens, block_size=block_size,
+                                 max_model_len=self.max_model_len, reservation=reservation)
+            self.engine = PagedEngine(self.model, self.tokenizer, policy, attention_backend=attention_backend,
+                                      max_num_seqs=max_num_seqs)
         self._request_ids = itertools.count()
+        self._seq_ids = itertools.count()
 
     # ---------------------------------------------------------------- input checking
     def _prompt_ids(self, prompt, i: int) -> tuple[str | None, list[int]]:
@@ -109,18 +135,30 @@ class LLM:
         from tqdm.auto import tqdm
 
         requests, params = self._normalize(prompts, sampling_params)
-        outputs = []
-        for (text, ids), p in tqdm(list(zip(requests, params)), desc="generating", unit="prompt",
-                                   disable=not use_tqdm):
-            request_id = str(next(self._request_ids))
-            samples = []
-            for index in range(p.n):
-                seq = Sequence(seq_id=len(samples), prompt_ids=ids, params=p, index=index,
-                               eos_token_id=self.tokenizer.eos_token_id, max_model_len=self.max_model_len)
-                self.engine.run_sequence(seq, make_generator(sample_seed(p.seed, index)))
-                samples.append(seq.to_output())
-            outputs.append(RequestOutput(request_id, text, ids, samples, finished=True))
-        return outputs
+        eos = self.tokenizer.eos_token_id
+        groups = []  # one list of Sequences per request
+        for (_, ids), p in zip(requests, params):
+            groups.append([Sequence(seq_id=next(self._seq_ids), prompt_ids=ids, params=p, index=index,
+                                    eos_token_id=eos, max_model_len=self.max_model_len) for index in range(p.n)])
+        generators = {seq.seq_id: make_generator(sample_seed(seq.params.seed, seq.index))
+                      for group in groups for seq in group}
+        bar = tqdm(total=len(groups), desc="generating", unit="prompt", disable=not use_tqdm)
+        if self.kv_policy == "per_request":
+            for group in groups:
+                for seq in group:
+                    self.engine.run_sequence(seq, generators[seq.seq_id])
+                bar.update(1)
+        else:
+            owner = {seq.seq_id: group for group in groups for seq in group}
+
+            def on_finish(seq):
+                if all(s.finished for s in owner[seq.seq_id]):
+                    bar.update(1)
+
+            self.engine.run([seq for group in groups for seq in group], generators, on_finish)
+        bar.close()
+        return [RequestOutput(str(next(self._request_ids)), text, ids, [seq.to_output() for seq in group])
+                for (text, ids), group in zip(requests, groups)]
 
     def chat(self, messages, sampling_params=None, use_tqdm: bool = True, add_generation_prompt: bool = True):
         """Apply the model's chat template to one conversation (or a list of them), then generate."""

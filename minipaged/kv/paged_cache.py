@@ -1,0 +1,61 @@
+"""The K/V tensors behind every pooled KV policy (chapters 01-04), and the `attend` that uses them.
+
+The bookkeeping policies (contiguous.py ... on_demand.py) only hand out slot numbers. This module
+holds the memory those numbers point into, one pair of tensors per layer:
+
+    k_cache[layer], v_cache[layer]   [num_blocks, block_size, num_kv_heads, head_dim]
+
+A slot s is row s of the cache seen flat ([num_blocks * block_size, KVH, Dh]): block s // block_size,
+offset s % block_size. The contiguous arena is the same memory with block_size 1.
+
+Each forward pass gets a `PagedBatch` describing the step: where each new token's K and V go (the
+slot mapping) and, per sequence, its block table, how many tokens it has cached after this step and
+how many of those are new. `attend` writes the new K/V into their slots, then runs paged attention
+through the block tables with the chosen backend ("torch" is the reference; "numba" the kernels).
+
+Not handled: quantized KV, swapping blocks to CPU memory (chapter 06).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from minipaged.attention import paged_attention
+from minipaged.model.config import ModelConfig
+
+
+class PagedKVCache:
+    def __init__(self, cfg: ModelConfig, num_blocks: int, block_size: int, dtype=torch.float32, device="cpu"):
+        shape = (num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(cfg.num_layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(cfg.num_layers)]
+        self.num_blocks, self.block_size = num_blocks, block_size
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.k + self.v)
+
+    def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """k, v [T, KVH, Dh] go to flat rows `slots` [T] of this layer's cache."""
+        self.k[layer].view(-1, *k.shape[1:])[slots] = k
+        self.v[layer].view(-1, *v.shape[1:])[slots] = v
+
+
+class PagedBatch:
+    """One forward pass over several sequences whose K/V live in a PagedKVCache."""
+
+    def __init__(self, cache: PagedKVCache, slot_mapping: list[int], block_tables: list[list[int]],
+                 context_lens: list[int], query_lens: list[int], backend: str = "torch"):
+        device = cache.k[0].device
+        width = max(len(t) for t in block_tables)
+        padded = [t + [0] * (width - len(t)) for t in block_tables]  # padding is never read
+        self.cache = cache
+        self.slots = torch.tensor(slot_mapping, dtype=torch.long, device=device)  # [T]
+        self.block_tables = torch.tensor(padded, dtype=torch.int32, device=device)  # [S, max_blocks]
+        self.context_lens = torch.tensor(context_lens, dtype=torch.int32, device=device)  # [S]
+        self.query_lens = torch.tensor(query_lens, dtype=torch.int32, device=device)  # [S]
+        self.backend = backend
+
+    def attend(self, layer: int, q, k, v):  # q [T, H, Dh]; k, v [T, KVH, Dh]
+        self.cache.write(layer, self.slots, k, v)
+        return paged_attention(q, self.cache.k[layer], self.cache.v[layer], self.block_tables,
+                               self.context_lens, query_lens=self.query_lens, backend=self.backend)

@@ -19,6 +19,7 @@ sliding windows, quantized (fp8) caches, bf16.
 
 from __future__ import annotations
 
+import functools
 import sys
 
 import numpy as np
@@ -78,6 +79,14 @@ def check_values(q, k_cache, block_tables, context_lens, query_lens) -> None:
     used = block_tables.cpu()[in_use]
     if len(used) and (int(used.min()) < 0 or int(used.max()) >= k_cache.shape[0]):
         raise ValueError(f"block_tables entries in use must lie in 0 .. {k_cache.shape[0] - 1}")
+
+
+@functools.lru_cache(maxsize=64)
+def _decode_layout(num_seqs: int, device: torch.device):
+    """query_lens = 1 and query_start = i for every sequence; kept, so a decode step launches no
+    extra torch kernels to build them."""
+    return (torch.ones(num_seqs, dtype=torch.int32, device=device),
+            torch.arange(num_seqs, dtype=torch.int32, device=device))
 
 
 def _num_sms(device: torch.device) -> int:
@@ -170,8 +179,7 @@ def paged_attention_numba(q, k_cache, v_cache, block_tables, context_lens, *, sc
                          f"head_dim={head_dim}, block_size={block_size}")
 
     if query_lens is None:  # decode: one query per sequence, row i of q
-        query_lens = torch.ones(num_seqs, dtype=torch.int32, device=device)
-        query_start = torch.arange(num_seqs, dtype=torch.int32, device=device)
+        query_lens, query_start = _decode_layout(num_seqs, device)
         max_query_len = 1
     else:
         query_start = (torch.cumsum(query_lens, 0) - query_lens).to(torch.int32)

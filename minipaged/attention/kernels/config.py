@@ -24,6 +24,8 @@ TILE_ELEMENTS = 2048         # K (and V) elements staged in shared memory per st
 MAX_ROWS = 16                # query rows (query tokens x heads of one group) one block serves at once
 MIN_PARTITION_TOKENS = 256   # v2 never splits a context into pieces shorter than this
 BLOCKS_PER_SM = 8            # v2 aims for about this many blocks per streaming multiprocessor
+LOADS_PER_STEP = 8           # K loads (and as many V loads) per thread in one unrolled run
+MAX_STATIC_SHARED_BYTES = 48 * 1024  # what a kernel may declare statically (more needs dynamic shared)
 DEFAULT_NUM_SMS = 132        # an H100/H200 has 132; used when the device cannot be asked (the simulator)
 
 
@@ -45,6 +47,24 @@ class KernelConfig:
             raise ValueError(f"max_rows * head_dim ({self.max_rows} * {self.head_dim}) must be a multiple "
                              f"of num_threads ({self.num_threads}): each thread owns equal output slots")
 
+        chunk = self.chunk_tokens
+        if self.tile_tokens % chunk or self.block_size % chunk:
+            raise ValueError(f"tile_tokens ({self.tile_tokens}) and block_size ({self.block_size}) must be "
+                             f"multiples of {chunk} tokens (powers of two are): a copy step stays in one block")
+        if (chunk * self.head_dim) % self.num_threads:
+            raise ValueError(f"min(tile_tokens, block_size) * head_dim ({chunk} * {self.head_dim}) must be a "
+                             f"multiple of num_threads ({self.num_threads}): threads copy equal parts of a tile")
+        if self.shared_bytes > MAX_STATIC_SHARED_BYTES:
+            raise ValueError(f"{self} needs {self.shared_bytes} B of shared memory; static shared arrays "
+                             f"stop at {MAX_STATIC_SHARED_BYTES} B: use smaller tiles or max_rows")
+
+    @property
+    def chunk_tokens(self) -> int:
+        """Tokens loaded per step of a tile's copy loop: within one KV block (one block-table lookup),
+        and few enough that each thread's loads of a step, LOADS_PER_STEP of K and as many of V, form
+        a loop the compiler unrolls completely."""
+        return max(1, min(self.tile_tokens, self.block_size, LOADS_PER_STEP * self.num_threads // self.head_dim))
+
     @property
     def acc_slots(self) -> int:
         """Output elements (row, dim) each thread accumulates in registers."""
@@ -62,8 +82,13 @@ class KernelConfig:
 
     @classmethod
     def for_head_dim(cls, head_dim: int, block_size: int = 16) -> KernelConfig:
-        """The sizes used on a GPU."""
-        return cls(head_dim=head_dim, tile_tokens=max(1, TILE_ELEMENTS // head_dim), block_size=block_size)
+        """The sizes used on a GPU: TILE_ELEMENTS per tile, but never less than one KV block; fewer
+        rows per block for big heads, so shared memory fits."""
+        tile = max(block_size, TILE_ELEMENTS // head_dim)
+        rows = MAX_ROWS
+        while rows > 1 and 4 * (rows + 2 * tile) * (head_dim + 1) > MAX_STATIC_SHARED_BYTES * 0.9:
+            rows //= 2
+        return cls(head_dim=head_dim, tile_tokens=tile, max_rows=rows, block_size=block_size)
 
     @classmethod
     def for_simulator(cls, head_dim: int, block_size: int = 16) -> KernelConfig:

@@ -14,7 +14,8 @@ Everything goes through shared memory with __syncthreads between steps, never wa
 a little slower, but the same code then runs in numba's CUDA simulator, which has no shuffles.
 
 Not handled yet: keeping tiles in fp16 in shared memory, vector (16-byte) loads, prefetching the next
-tile while computing this one. Those are the exercises of chapter 10.
+tile while computing this one, spreading the softmax step over more threads. Those are the exercises
+of chapter 10.
 """
 
 from __future__ import annotations
@@ -37,6 +38,9 @@ TileOps = namedtuple("TileOps", "load_query_rows init_rows load_kv_tile score_ti
 def make_tile_ops(cfg: KernelConfig) -> TileOps:
     """Device functions specialised to cfg's sizes (closure constants are compile-time constants)."""
     D, TILE, NT, SLOTS, BLOCK = cfg.head_dim, cfg.tile_tokens, cfg.num_threads, cfg.acc_slots, cfg.block_size
+    CHUNK = cfg.chunk_tokens  # tokens of a tile that lie in one KV block
+    CHUNKS = TILE // CHUNK
+    LOADS_PER_CHUNK = CHUNK * D // NT  # K (and V) elements each thread copies per chunk
 
     @cuda.jit(device=True)
     def load_query_rows(q_s, q, q_start, kv_head, group, row0, rows, scale):
@@ -65,16 +69,31 @@ def make_tile_ops(cfg: KernelConfig) -> TileOps:
 
     @cuda.jit(device=True)
     def load_kv_tile(k_s, v_s, k_cache, v_cache, block_tables, seq, kv_head, tile_start, n):
-        # k_s, v_s [TILE, D+1] fp32  <-  keys tile_start .. tile_start+n-1 of seq, found via its block table
-        for i in range(cuda.threadIdx.x, n * D, NT):
-            t = i // D
-            d = i - t * D
-            pos = tile_start + t
-            logical = pos // BLOCK  # BLOCK and D are compile-time constants: shifts, not divisions
+        # k_s, v_s [TILE, D+1] fp32  <-  keys tile_start .. tile_start+n-1 of seq (n <= TILE); rows
+        # n.. of a sequence's short last tile are zeroed, so the later steps can always loop over TILE.
+        #
+        # A tile is CHUNKS chunks of CHUNK tokens, each inside one KV block, so the block table is read
+        # once per chunk. Thread tid copies elements tid, tid + NT, ... of each chunk's [CHUNK, D]
+        # slice: consecutive threads read consecutive dims (whole cache lines per warp). The inner loop
+        # has a constant trip count and no branch: the compiler unrolls it into one straight run of
+        # loads that are all in flight at once, which is what it takes to approach peak bandwidth.
+        # Past the end of the sequence a thread still loads, from a slot that exists (the last block's),
+        # and stores 0 instead: a select, not a branch.
+        last_block = (tile_start + n - 1) // BLOCK  # logical index of the sequence's last block here
+        for c in range(CHUNKS):
+            chunk_start = tile_start + c * CHUNK
+            logical = min(chunk_start // BLOCK, last_block)  # BLOCK, CHUNK, D constant: shifts
             block = block_tables[seq, logical]  # physical block: anywhere in the pool, maybe shared
-            slot = pos - logical * BLOCK
-            k_s[t, d] = float32(k_cache[block, slot, kv_head, d])
-            v_s[t, d] = float32(v_cache[block, slot, kv_head, d])
+            first_slot = chunk_start - (chunk_start // BLOCK) * BLOCK
+            for j in range(LOADS_PER_CHUNK):
+                i = cuda.threadIdx.x + j * NT
+                s = i // D
+                d = i - s * D
+                t = c * CHUNK + s
+                k = float32(k_cache[block, first_slot + s, kv_head, d])
+                v = float32(v_cache[block, first_slot + s, kv_head, d])
+                k_s[t, d] = k if t < n else float32(0.0)
+                v_s[t, d] = v if t < n else float32(0.0)
 
     @cuda.jit(device=True)
     def score_tile(p_s, q_s, k_s, limit_s, rows, n, tile_start):
@@ -91,26 +110,26 @@ def make_tile_ops(cfg: KernelConfig) -> TileOps:
                 p_s[r, t] = NEG_INF
 
     @cuda.jit(device=True)
-    def softmax_step(p_s, m_s, l_s, alpha_s, rows, n):
+    def softmax_step(p_s, m_s, l_s, alpha_s, rows):
         # One thread per row. Turns scores into exp(score - new max) in place and keeps
         # m (running max), l (running sum of exp) and alpha = exp(old max - new max), the factor
-        # by which everything accumulated so far must shrink.
+        # by which everything accumulated so far must shrink. Masked keys hold -inf and become 0.
         r = cuda.threadIdx.x
         if r < rows:
             m_old = m_s[r]
             m_new = m_old
-            for t in range(n):
+            for t in range(TILE):
                 m_new = max(m_new, p_s[r, t])
             if m_new == NEG_INF:  # no visible key yet: nothing to add, nothing to rescale
                 alpha = float32(1.0)
-                for t in range(n):
+                for t in range(TILE):
                     p_s[r, t] = 0.0
                 total = float32(0.0)
             else:
                 alpha = math.exp(m_old - m_new)  # exp(-inf) = 0 on the first visible tile
                 total = float32(0.0)
-                for t in range(n):
-                    p = math.exp(p_s[r, t] - m_new)  # masked keys: exp(-inf) = 0
+                for t in range(TILE):
+                    p = math.exp(p_s[r, t] - m_new)
                     p_s[r, t] = p
                     total += p
             m_s[r] = m_new
@@ -118,7 +137,7 @@ def make_tile_ops(cfg: KernelConfig) -> TileOps:
             alpha_s[r] = alpha
 
     @cuda.jit(device=True)
-    def accumulate_tile(acc, p_s, v_s, alpha_s, rows, n):
+    def accumulate_tile(acc, p_s, v_s, alpha_s, rows):
         # acc [SLOTS] fp32 in registers: slot j of this thread is element i = tid + j*NT of the
         # [max_rows, D] output, so consecutive threads own consecutive dims (conflict-free v_s reads).
         for j in range(SLOTS):
@@ -127,7 +146,7 @@ def make_tile_ops(cfg: KernelConfig) -> TileOps:
             d = i - r * D
             if r < rows:
                 a = acc[j] * alpha_s[r]
-                for t in range(n):
+                for t in range(TILE):  # keys past the tile's end have p = 0 and v = 0
                     a += p_s[r, t] * v_s[t, d]
                 acc[j] = a
 

@@ -78,9 +78,9 @@ def make_v1_kernel(cfg: KernelConfig):
             cuda.syncthreads()
             score_tile(p_s, q_s, k_s, limit_s, rows, n, tile_start)
             cuda.syncthreads()
-            softmax_step(p_s, m_s, l_s, alpha_s, rows, n)
+            softmax_step(p_s, m_s, l_s, alpha_s, rows)
             cuda.syncthreads()
-            accumulate_tile(acc, p_s, v_s, alpha_s, rows, n)
+            accumulate_tile(acc, p_s, v_s, alpha_s, rows)
             cuda.syncthreads()  # the next tile overwrites k_s, v_s and p_s
 
         q_start = query_start[seq]

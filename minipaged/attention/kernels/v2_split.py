@@ -93,9 +93,9 @@ def make_v2_kernels(cfg: KernelConfig):
             cuda.syncthreads()
             score_tile(p_s, q_s, k_s, limit_s, rows, n, tile_start)
             cuda.syncthreads()
-            softmax_step(p_s, m_s, l_s, alpha_s, rows, n)
+            softmax_step(p_s, m_s, l_s, alpha_s, rows)
             cuda.syncthreads()
-            accumulate_tile(acc, p_s, v_s, alpha_s, rows, n)
+            accumulate_tile(acc, p_s, v_s, alpha_s, rows)
             cuda.syncthreads()
 
         for j in range(SLOTS):

@@ -100,7 +100,11 @@ def label_requests(fig, timeline) -> None:
 def tiny_map(chapter: int, policy: str, reservation: str, title: str) -> None:
     p = make_policy(policy, num_slots=TINY["capacity"], block_size=TINY["block_size"],
                     max_model_len=TINY["max_model_len"], reservation=reservation)
-    result = simulate(p, tiny_trace(), timeline_steps=100)
+    result = simulate(p, tiny_trace(), record_history=True, timeline_steps=100)
+    blocked = [r.step for r in result.history if r.usage.external]
+    print(f"tiny trace, {result.policy}: {result.steps} steps, at most {result.max_concurrent} running, "
+          f"head refused despite enough free memory at steps {blocked or 'none'}, "
+          f"preemptions {result.preemptions}")
     fig = plot_memory_map(result.timeline, title=title)
     fig.axes[0].xaxis.set_major_locator(MaxNLocator(integer=True))
     label_requests(fig, result.timeline)

@@ -84,9 +84,10 @@ def test_long_contexts_v1_and_v2(compare):
     compare(b, kernel="v2", num_partitions=4)
 
 
-@pytest.mark.parametrize("block_size", [8, 32])
+@pytest.mark.parametrize("block_size", [1, 8, 12, 32])
 def test_other_block_sizes(compare, block_size):
-    """Tiles span several KV blocks (block_size 8) or several tiles share one block (32)."""
-    b = random_paged_batch([1, block_size - 1, block_size + 1, 70], [1, 3, 1, 9], num_heads=3, num_kv_heads=1,
+    """One token per block (the contiguous arena), tiles spanning blocks (8), a block size that is not
+    a power of two (12), several tiles in one block (32)."""
+    b = random_paged_batch([1, max(1, block_size - 1), block_size + 1, 70], [1, 1, 1, 9], num_heads=3, num_kv_heads=1,
                            head_dim=64, block_size=block_size, seed=11)
     compare(b, kernel="v2", num_partitions=2)

@@ -65,6 +65,15 @@ def test_gpu_sizes_fit_static_shared_memory():
         assert cfg.shared_bytes <= 48 * 1024  # numba's shared arrays are static: 48 KiB at most
 
 
+@pytest.mark.parametrize("block_size", [1, 2, 8, 12, 16, 24, 32, 64])
+@pytest.mark.parametrize("head_dim", [16, 64, 128])
+def test_copy_steps_stay_inside_one_kv_block(head_dim, block_size):
+    for cfg in (KernelConfig.for_head_dim(head_dim, block_size), KernelConfig.for_simulator(head_dim, block_size)):
+        chunk = cfg.chunk_tokens
+        assert cfg.tile_tokens % chunk == 0 and block_size % chunk == 0
+        assert chunk * head_dim <= 8 * cfg.num_threads or chunk == 1  # short enough to unroll
+
+
 def test_bad_sizes_are_refused():
     with pytest.raises(ValueError, match="max_rows"):
         KernelConfig(head_dim=64, tile_tokens=8, num_threads=8, max_rows=16)

@@ -47,23 +47,18 @@ class KernelConfig:
             raise ValueError(f"max_rows * head_dim ({self.max_rows} * {self.head_dim}) must be a multiple "
                              f"of num_threads ({self.num_threads}): each thread owns equal output slots")
 
-        chunk = self.chunk_tokens
-        if self.tile_tokens % chunk or self.block_size % chunk:
-            raise ValueError(f"tile_tokens ({self.tile_tokens}) and block_size ({self.block_size}) must be "
-                             f"multiples of {chunk} tokens (powers of two are): a copy step stays in one block")
-        if (chunk * self.head_dim) % self.num_threads:
-            raise ValueError(f"min(tile_tokens, block_size) * head_dim ({chunk} * {self.head_dim}) must be a "
-                             f"multiple of num_threads ({self.num_threads}): threads copy equal parts of a tile")
         if self.shared_bytes > MAX_STATIC_SHARED_BYTES:
             raise ValueError(f"{self} needs {self.shared_bytes} B of shared memory; static shared arrays "
                              f"stop at {MAX_STATIC_SHARED_BYTES} B: use smaller tiles or max_rows")
 
     @property
     def chunk_tokens(self) -> int:
-        """Tokens loaded per step of a tile's copy loop: within one KV block (one block-table lookup),
-        and few enough that each thread's loads of a step, LOADS_PER_STEP of K and as many of V, form
-        a loop the compiler unrolls completely."""
-        return max(1, min(self.tile_tokens, self.block_size, LOADS_PER_STEP * self.num_threads // self.head_dim))
+        """Tokens loaded per step of a tile's copy loop. A step stays inside one KV block (one
+        block-table read), so it divides both the tile and the block; and it is short enough that each
+        thread's loads of a step (LOADS_PER_STEP of K and as many of V) unroll into one straight run."""
+        cap = max(1, LOADS_PER_STEP * self.num_threads // self.head_dim)
+        common = math.gcd(self.tile_tokens, self.block_size)
+        return max(c for c in range(1, min(cap, common) + 1) if common % c == 0)
 
     @property
     def acc_slots(self) -> int:
@@ -82,9 +77,11 @@ class KernelConfig:
 
     @classmethod
     def for_head_dim(cls, head_dim: int, block_size: int = 16) -> KernelConfig:
-        """The sizes used on a GPU: TILE_ELEMENTS per tile, but never less than one KV block; fewer
-        rows per block for big heads, so shared memory fits."""
-        tile = max(block_size, TILE_ELEMENTS // head_dim)
+        """The sizes used on a GPU: about TILE_ELEMENTS per tile, in whole KV blocks when they are
+        smaller than that; fewer rows per block for big heads, so shared memory fits."""
+        tile = max(1, TILE_ELEMENTS // head_dim)
+        if block_size <= tile:
+            tile -= tile % block_size  # whole blocks: one block-table read per block
         rows = MAX_ROWS
         while rows > 1 and 4 * (rows + 2 * tile) * (head_dim + 1) > MAX_STATIC_SHARED_BYTES * 0.9:
             rows //= 2

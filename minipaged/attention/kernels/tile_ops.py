@@ -40,7 +40,9 @@ def make_tile_ops(cfg: KernelConfig) -> TileOps:
     D, TILE, NT, SLOTS, BLOCK = cfg.head_dim, cfg.tile_tokens, cfg.num_threads, cfg.acc_slots, cfg.block_size
     CHUNK = cfg.chunk_tokens  # tokens of a tile that lie in one KV block
     CHUNKS = TILE // CHUNK
-    LOADS_PER_CHUNK = CHUNK * D // NT  # K (and V) elements each thread copies per chunk
+    CHUNK_ELEMENTS = CHUNK * D
+    LOADS_PER_CHUNK = -(-CHUNK_ELEMENTS // NT)  # K (and V) elements each thread copies per chunk
+    EVEN_SPLIT = CHUNK_ELEMENTS % NT == 0
 
     @cuda.jit(device=True)
     def load_query_rows(q_s, q, q_start, kv_head, group, row0, rows, scale):
@@ -87,6 +89,8 @@ def make_tile_ops(cfg: KernelConfig) -> TileOps:
             first_slot = chunk_start - (chunk_start // BLOCK) * BLOCK
             for j in range(LOADS_PER_CHUNK):
                 i = cuda.threadIdx.x + j * NT
+                if not EVEN_SPLIT:  # a compile-time constant: the test costs nothing when the split is even
+                    i = min(i, CHUNK_ELEMENTS - 1)  # spare threads repeat the chunk's last element
                 s = i // D
                 d = i - s * D
                 t = c * CHUNK + s

@@ -15,7 +15,7 @@ the titles and the file names. Three scenarios:
     full    the simulate command's defaults (1000 requests, 32768 slots): the waste bars and the
             block-size sweep, with the numbers of ``python -m minipaged simulate``.
 
-Takes about half a minute on two cores.
+Takes under a minute on two cores.
 """
 
 from __future__ import annotations
@@ -229,8 +229,8 @@ def block_table_diagram(chapter: int) -> None:
 
 def chapter_1(full, medium) -> None:
     tiny_map(1, "contiguous", "max", "tiny trace, contiguous(max): every slab is max_model_len = 32 slots")
-    tiny_map(1, "contiguous", "pow2", "tiny trace, contiguous(pow2): r4 waits at steps 4-11 though 16 slots "
-                                      "are free")
+    tiny_map(1, "contiguous", "pow2", "tiny trace, contiguous(pow2): at steps 4-11 the queue head (r4, then r5) "
+                                      "waits though 16 slots are free")
     medium_map(1, medium, "contiguous(max)")
     medium_map(1, medium, "contiguous(oracle)")
     waste_bars(1, full, ["contiguous(max)", "contiguous(pow2)", "contiguous(oracle)"], "waste_contiguous.png",
@@ -238,7 +238,7 @@ def chapter_1(full, medium) -> None:
 
 
 def chapter_2(full, medium) -> None:
-    tiny_map(2, "fixed_blocks", "pow2", "tiny trace, fixed_blocks(pow2), blocks of 4: r4 still waits at steps "
+    tiny_map(2, "fixed_blocks", "pow2", "tiny trace, fixed_blocks(pow2), blocks of 4: the same waits at steps "
                                         "4-11 though 4 blocks are free")
     medium_map(2, medium, "fixed_blocks(oracle)")
     waste_bars(2, full, [f"{p}({r})" for r in ("max", "pow2", "oracle") for p in ("contiguous", "fixed_blocks")],
@@ -259,6 +259,12 @@ def chapter_4(full, medium) -> None:
     medium_map(4, medium, "on_demand")
     waste_bars(4, full, [r.policy for r in full], "waste_all_policies.png",
                "KV memory by policy, 1000 ShareGPT-like requests (label: utilization)")
+    policy = make_policy("on_demand", num_slots=DEFAULTS["capacity"], block_size=DEFAULTS["block_size"],
+                         max_model_len=DEFAULTS["max_model_len"])
+    history = simulate(policy, default_trace(), record_history=True).history
+    per_seq = [(r.usage.reserved + r.usage.internal) / r.usage.num_seqs for r in history if r.usage.num_seqs]
+    print(f"on_demand, default trace: unused slots per running sequence, mean {sum(per_seq) / len(per_seq):.2f}, "
+          f"worst step {max(per_seq):.2f} (block size {DEFAULTS['block_size']}, over {len(per_seq)} steps)")
     variants = [("block_table", "oracle"), ("on_demand", "max")]
     sweep = sweep_block_size(default_trace(), variants, capacity=DEFAULTS["capacity"],
                              max_model_len=DEFAULTS["max_model_len"])

@@ -2,6 +2,7 @@
 
     python -m minipaged.attention.bench_kernels [--quick] [--json] [--peak-gbps 4800]
     python -m minipaged.attention.bench_kernels --roofline      # the arithmetic only, no GPU needed
+    python -m minipaged.attention.bench_kernels --check         # kernels vs reference on the GPU only
 
 For each model shape (SmolLM2-135M: 9 query heads, 3 KV heads, head_dim 64; a Llama-3-8B layer: 32, 8,
 128), each batch size and context length, in fp16, one decode step of one layer's attention:
@@ -133,6 +134,67 @@ def _uniform_decode_batch(cfg: ModelConfig, batch: int, context: int, device, bl
         "context_lens": torch.full((batch,), context, dtype=torch.int32, device=device),
         "query_lens": None,
     }
+
+
+# ----------------------------------------------------------------------------------------------------
+# correctness: the kernels against the reference (the tests and --check use these)
+
+# Both sides compute in fp32; they differ only in summation order (fp32) and, for fp16, in the final
+# rounding to fp16, at most about one fp16 ulp (2**-10 for outputs of magnitude below 2).
+TOLERANCES = {torch.float32: dict(atol=2e-5, rtol=1e-5), torch.float16: dict(atol=2e-3, rtol=2e-3)}
+
+
+def check_against_reference(batch: dict, **options) -> float:
+    """Run the numba backend and the reference on one batch (from random_paged_batch); raise
+    AssertionError unless they agree within TOLERANCES; return the largest absolute difference."""
+    from minipaged.attention.numba_backend import paged_attention_numba
+    from minipaged.attention.reference import paged_attention_reference
+
+    args = (batch["q"], batch["k_cache"], batch["v_cache"], batch["block_tables"], batch["context_lens"])
+    ref = paged_attention_reference(*args, query_lens=batch["query_lens"])
+    out = paged_attention_numba(*args, query_lens=batch["query_lens"], **options)
+    assert out.shape == ref.shape and out.dtype == ref.dtype and out.device == ref.device
+    torch.testing.assert_close(out.float(), ref.float(), **TOLERANCES[batch["q"].dtype])
+    return float((out.float() - ref.float()).abs().max())
+
+
+DEVICE_CONTEXTS = [1, 15, 16, 17, 1000, 4099]
+DEVICE_GQA = {1: (8, 8), 3: (9, 3), 4: (32, 8)}  # ratio -> (query heads, KV heads)
+DEVICE_KERNELS = [("auto", None), ("v1", None), ("v2", 2), ("v2", 7)]
+DEVICE_HEAD_DIMS = (64, 128)
+# prefill over the cache, a prefill chunk, a speculative verification, a decode token, no query
+DEVICE_MULTI = dict(context_lens=[300, 517, 64, 9, 2000], query_lens=[300, 100, 5, 1, 0], num_heads=32,
+                    num_kv_heads=8, head_dim=128)
+
+
+def device_check_cases():
+    """(name, batch arguments, kernel options) of the on-GPU comparison: every kernel, GQA 1/3/4,
+    head_dim 64/128, fp32/fp16, contexts around a block edge and long ones, shared blocks, and
+    multi-token causal queries. test_gpu.py and `--check` both run exactly these."""
+    for kernel, parts in DEVICE_KERNELS:
+        for gqa, (heads, kv_heads) in DEVICE_GQA.items():
+            for head_dim in DEVICE_HEAD_DIMS:
+                for dtype in (torch.float32, torch.float16):
+                    name = f"decode-{kernel}{parts or ''}-gqa{gqa}-d{head_dim}-{str(dtype)[6:]}"
+                    yield name, dict(context_lens=DEVICE_CONTEXTS, num_heads=heads, num_kv_heads=kv_heads,
+                                     head_dim=head_dim, dtype=dtype, share_first_block=True), \
+                        dict(kernel=kernel, num_partitions=parts)
+    for kernel, parts in [("v1", None), ("v2", 3)]:
+        for dtype in (torch.float32, torch.float16):
+            yield f"multi-{kernel}{parts or ''}-{str(dtype)[6:]}", dict(**DEVICE_MULTI, dtype=dtype), \
+                dict(kernel=kernel, num_partitions=parts)
+
+
+def device_check(device="cuda") -> list[dict]:
+    """Run device_check_cases on `device`; one result dict per case (ok, max_abs_err or error)."""
+    results = []
+    for name, batch_args, options in device_check_cases():
+        batch = random_paged_batch(**batch_args, device=device)
+        try:
+            results.append({"case": name, "ok": True, "max_abs_err": check_against_reference(batch, **options)})
+        except AssertionError as e:
+            results.append({"case": name, "ok": False, "error": str(e)[:500]})
+    return results
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -309,7 +371,7 @@ def sweep_partitions(cfg, name, batch, context, timer, peak_gbps, iters=20) -> d
             "us_by_partitions": us, "fraction_of_peak": {p: nbytes / (t * 1e3) / peak_gbps for p, t in us.items()}}
 
 
-def run(quick=False, peak_gbps=None, iters=20, progress=True) -> dict:
+def run(quick=False, peak_gbps=None, iters=20, progress=True, out=None) -> dict:
     device = torch.device("cuda")
     dev_name = torch.cuda.get_device_name(device)
     peaks = device_peaks(dev_name)
@@ -325,6 +387,9 @@ def run(quick=False, peak_gbps=None, iters=20, progress=True) -> dict:
         torch.cuda.empty_cache()  # this shape's caches are gone; give the next one the memory
         if progress:
             print_row(rows[-1], file=sys.stderr)
+        if out:  # rows so far, in case the run is cut short
+            with open(out, "w") as f:
+                json.dump({"device": dev_name, "peak_gbps": peak_gbps, "partial": True, "rows": rows}, f, indent=2)
     sweeps = [sweep_partitions(SHAPES[n], n, b, c, timer, peak_gbps, iters) for n, b, c in SWEEP]
     target = next(r for r in rows if (r["shape"], r["batch"], r["context"]) == TARGET)
     import numba
@@ -362,6 +427,8 @@ def add_arguments(p):
                    help="device peak bandwidth in GB/s (default: looked up by device name in DEVICE_PEAKS)")
     p.add_argument("--iters", type=int, default=20, help="timed calls per measurement (default: 20)")
     p.add_argument("--roofline", action="store_true", help="print the arithmetic only (no GPU needed)")
+    p.add_argument("--check", action="store_true",
+                   help="only compare the kernels with the reference on the GPU (what test_gpu.py runs)")
 
 
 def main(args) -> int:
@@ -380,7 +447,17 @@ def main(args) -> int:
               "alone. The kernels' correctness is checked without a GPU by "
               "`pytest tests/ch10_paged_attention_kernel` (numba's CUDA simulator).", file=sys.stderr)
         return 2
-    r = run(quick=args.quick, peak_gbps=args.peak_gbps, iters=args.iters, progress=not args.json)
+    if args.check:
+        results = device_check()
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump(results, f, indent=2)
+        for c in results:
+            print(f"{'ok  ' if c['ok'] else 'FAIL'} {c['case']:32s} {c.get('max_abs_err', c.get('error'))}")
+        failed = sum(not c["ok"] for c in results)
+        print(f"{len(results) - failed} of {len(results)} cases match the reference")
+        return 1 if failed else 0
+    r = run(quick=args.quick, peak_gbps=args.peak_gbps, iters=args.iters, progress=not args.json, out=args.out)
     if args.out:
         with open(args.out, "w") as f:
             json.dump(r, f, indent=2)

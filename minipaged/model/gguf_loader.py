@@ -96,7 +96,7 @@ def dequantized_tensors(reader):
 
 def load_llama(path: str | Path, dtype=torch.float32, progress: bool = True):
     """Build a LlamaModel from a GGUF file. Returns (model, config, reader)."""
-    from tqdm.auto import tqdm
+    from tqdm import tqdm
 
     reader = open_gguf(path)
     cfg = read_config(reader)

@@ -5,6 +5,8 @@
 
 Backends:
     "torch"  the naive PyTorch reference: gather through the block table, dense softmax (the oracle)
+    "numba"  chapter 10's numba.cuda kernels (numba_backend.py, kernels/), loaded on first use; on a
+             machine without a GPU they run in numba's CUDA simulator
 """
 
 from __future__ import annotations

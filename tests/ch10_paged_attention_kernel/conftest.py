@@ -33,7 +33,7 @@ def numba_cuda():
 @pytest.fixture
 def compare(numba_cuda):
     """compare(batch, **kernel_options): the numba backend against the reference on one batch (a dict
-    from random_paged_batch); asserts agreement within bench_kernels.TOLERANCES, returns the max error."""
-    from minipaged.attention.bench_kernels import check_against_reference
+    from random_paged_batch); asserts agreement within check_kernels.TOLERANCES, returns the max error."""
+    from minipaged.attention.check_kernels import check_against_reference
 
     return check_against_reference

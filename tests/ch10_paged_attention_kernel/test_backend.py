@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from minipaged.attention import available_backends, paged_attention
-from minipaged.attention.bench_kernels import random_paged_batch
+from minipaged.attention.check_kernels import random_paged_batch
 from minipaged.attention.kernels.config import KernelConfig
 
 

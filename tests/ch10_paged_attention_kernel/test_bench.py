@@ -1,9 +1,10 @@
-"""The benchmark's arithmetic and inputs (no GPU): the chapter's numbers come from these functions."""
+"""The benchmark's arithmetic and the check's inputs (no GPU): the chapter's numbers come from these."""
 
 import pytest
 import torch
 
 from minipaged.attention import bench_kernels as bk
+from minipaged.attention import check_kernels as ck
 from minipaged.model.config import SMOLLM2_135M
 
 
@@ -28,7 +29,7 @@ def test_device_table():
 
 
 def test_random_paged_batch_layout():
-    b = bk.random_paged_batch([1, 16, 17], [1, 4, 17], num_heads=4, num_kv_heads=2, head_dim=8,
+    b = ck.random_paged_batch([1, 16, 17], [1, 4, 17], num_heads=4, num_kv_heads=2, head_dim=8,
                               block_size=16, share_first_block=True)
     assert b["q"].shape == (22, 4, 8) and b["k_cache"].shape[1:] == (16, 2, 8)
     table = b["block_tables"]
@@ -47,21 +48,22 @@ def test_without_a_gpu_it_says_so(capsys):
     assert "no CUDA GPU" in capsys.readouterr().err
     assert bk.main(p.parse_args(["--roofline"])) == 0
     assert "46,080 B" in capsys.readouterr().out
+    assert ck.main([]) == 2 and "no CUDA GPU" in capsys.readouterr().err
 
 
 def test_device_check_cases_cover_the_matrix():
-    names = [name for name, _, _ in bk.device_check_cases()]
+    names = [name for name, _, _ in ck.device_check_cases()]
     assert len(names) == len(set(names)) == 4 * 3 * 2 * 2 + 4
     assert {"decode-v27-gqa4-d128-float16", "decode-auto-gqa1-d64-float32", "multi-v23-float16"} <= set(names)
 
 
 def test_device_check_runs_here_on_small_shapes(numba_cuda, monkeypatch):
     """The GPU check's own code path, shrunk to simulator size and run on the CPU."""
-    monkeypatch.setattr(bk, "DEVICE_CONTEXTS", [1, 17])
-    monkeypatch.setattr(bk, "DEVICE_GQA", {3: (3, 1)})
-    monkeypatch.setattr(bk, "DEVICE_KERNELS", [("v2", 2)])
-    monkeypatch.setattr(bk, "DEVICE_HEAD_DIMS", (64,))
-    monkeypatch.setattr(bk, "DEVICE_MULTI", dict(context_lens=[9, 4], query_lens=[3, 1], num_heads=2,
+    monkeypatch.setattr(ck, "DEVICE_CONTEXTS", [1, 17])
+    monkeypatch.setattr(ck, "DEVICE_GQA", {3: (3, 1)})
+    monkeypatch.setattr(ck, "DEVICE_KERNELS", [("v2", 2)])
+    monkeypatch.setattr(ck, "DEVICE_HEAD_DIMS", (64,))
+    monkeypatch.setattr(ck, "DEVICE_MULTI", dict(context_lens=[9, 4], query_lens=[3, 1], num_heads=2,
                                                  num_kv_heads=1, head_dim=64))
-    results = bk.device_check("cpu")
+    results = ck.device_check("cpu")
     assert len(results) == 2 + 4 and all(r["ok"] for r in results), results

@@ -9,7 +9,7 @@ block boundary (block_size 16) with one long context, and uses shuffled, non-con
 import pytest
 import torch
 
-from minipaged.attention.bench_kernels import random_paged_batch
+from minipaged.attention.check_kernels import random_paged_batch
 
 BLOCK = 16
 EDGES = [1, BLOCK - 1, BLOCK, BLOCK + 1]  # a lone token, and one token either side of a block boundary

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from minipaged.attention.bench_kernels import random_paged_batch
+from minipaged.attention.check_kernels import random_paged_batch
 from minipaged.attention.reference import gather_kv, paged_attention_reference
 
 NOTEBOOK = Path(__file__).resolve().parents[2] / "notebooks" / "10_paged-attention-kernel.ipynb"

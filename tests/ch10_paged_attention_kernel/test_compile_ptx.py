@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-KERNELS = {"v1", "v2_partition", "v2_merge"}
+KERNELS = {"v1", "v1_strided_q", "v2_partition", "v2_merge"}
 
 
 @pytest.fixture(scope="module")
@@ -36,6 +36,19 @@ def test_every_kernel_compiles_for_sm90_in_fp16_and_fp32(ptx_summary):
         assert r["target"] and r["entry"] and r["ptx_chars"] > 1000, r
 
 
+def test_the_gpu_entry_points_exist_in_real_numba_cuda():
+    """What numba_backend calls on a GPU, checked where it can be: in the real numba.cuda module."""
+    code = "import numba.cuda as c; print(all(hasattr(c, n) for n in ('as_cuda_array', 'external_stream', 'gpus')))"
+    proc = subprocess.run([sys.executable, "-c", code], env={**os.environ, "NUMBA_ENABLE_CUDASIM": "0"},
+                          capture_output=True, text=True, timeout=120)
+    assert proc.stdout.strip() == "True", proc.stderr[-2000:]
+
+
 def test_no_double_precision_math(ptx_summary):
     """A stray Python float (float64) in a kernel makes slow fp64 code; every kernel stays in fp32."""
     assert [r for r in ptx_summary if r["f64_mentions"]] == []
+
+
+def test_accumulators_stay_in_registers(ptx_summary):
+    """No local memory: every thread's output slots and loop state fit in registers."""
+    assert [r for r in ptx_summary if r["local_mentions"]] == []

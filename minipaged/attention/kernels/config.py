@@ -22,6 +22,7 @@ from dataclasses import dataclass
 THREADS_PER_BLOCK = 128      # 4 warps: enough to issue many loads at once, small enough to fit several per SM
 TILE_ELEMENTS = 2048         # K (and V) elements staged in shared memory per step: tile_tokens * head_dim
 MAX_ROWS = 16                # query rows (query tokens x heads of one group) one block serves at once
+ACC_SLOTS = 8                # output elements per thread (max_rows * head_dim / threads): kept in registers
 MIN_PARTITION_TOKENS = 256   # v2 never splits a context into pieces shorter than this
 BLOCKS_PER_SM = 8            # v2 aims for about this many blocks per streaming multiprocessor
 LOADS_PER_STEP = 8           # K loads (and as many V loads) per thread in one unrolled run
@@ -78,11 +79,13 @@ class KernelConfig:
     @classmethod
     def for_head_dim(cls, head_dim: int, block_size: int = 16) -> KernelConfig:
         """The sizes used on a GPU: about TILE_ELEMENTS per tile, in whole KV blocks when they are
-        smaller than that; fewer rows per block for big heads, so shared memory fits."""
+        smaller than that; fewer rows per block for big heads, so the accumulator stays in registers
+        and shared memory fits."""
         tile = max(1, TILE_ELEMENTS // head_dim)
         if block_size <= tile:
             tile -= tile % block_size  # whole blocks: one block-table read per block
-        rows = MAX_ROWS
+        # at most ACC_SLOTS output elements per thread, so the accumulator stays in registers
+        rows = max(1, min(MAX_ROWS, ACC_SLOTS * THREADS_PER_BLOCK // head_dim))
         while rows > 1 and 4 * (rows + 2 * tile) * (head_dim + 1) > MAX_STATIC_SHARED_BYTES * 0.9:
             rows //= 2
         return cls(head_dim=head_dim, tile_tokens=tile, max_rows=rows, block_size=block_size)

@@ -1,6 +1,7 @@
 """Compile every kernel to PTX for a chosen GPU architecture, with no GPU present.
 
-    NUMBA_ENABLE_CUDASIM=0 python -m minipaged.attention.kernels.ptx [--cc 9.0] [--dump DIR]
+    NUMBA_ENABLE_CUDASIM=0 python -m minipaged.attention.kernels.ptx [--cc 9.0] [--dump DIR] [--json]
+                                                                     [--head-dims 64,128] [--dtypes float16]
 
 The simulator runs kernels as Python, so it never type-checks them: a float64 that crept into the
 inner loop or an fp16 store numba cannot lower only shows up when the kernel is really compiled.
@@ -52,8 +53,10 @@ def kernel_signatures(cfg: KernelConfig, dtype_name: str) -> dict:
     ints = (arr(i32, 2), arr(i32, 1), arr(i32, 1), arr(i32, 1))  # block_tables, ctx, q_start, q_lens
     v1 = make_v1_kernel(cfg)
     part, merge = make_v2_kernels(cfg)
+    strided = types.Array(dt, 3, "A")  # q as a slice of a fused projection: any strides
     return {
         "v1": (v1.py_func, (act, act, cache, cache, *ints, f32)),
+        "v1_strided_q": (v1.py_func, (act, strided, cache, cache, *ints, f32)),
         "v2_partition": (part.py_func, (arr(f32, 4), arr(f32, 3), arr(f32, 3), act, cache, cache, *ints, f32,
                                         i32, i32)),
         "v2_merge": (merge.py_func, (act, arr(f32, 4), arr(f32, 3), arr(f32, 3))),
@@ -93,7 +96,8 @@ def compile_all(cc=(9, 0), head_dims=(64, 128), dtypes=("float16", "float32")) -
 def summarize(ptx: dict, cc) -> list[dict]:
     target = f".target sm_{cc[0]}{cc[1]}"
     return [{"kernel": name, "head_dim": head_dim, "dtype": dtype_name, "ptx_chars": len(text),
-             "target": target in text, "entry": ".entry" in text, "f64_mentions": text.count(".f64")}
+             "target": target in text, "entry": ".entry" in text, "f64_mentions": text.count(".f64"),
+             "local_mentions": text.count(".local")}
             for (name, head_dim, dtype_name), text in ptx.items()]
 
 
@@ -102,9 +106,12 @@ def main(argv=None) -> int:
     parser.add_argument("--cc", default="9.0", help="compute capability, e.g. 9.0 (Hopper), 8.0 (A100)")
     parser.add_argument("--dump", help="write each kernel's PTX into this directory")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
+    parser.add_argument("--head-dims", default="64,128", help="comma-separated head dims (default: 64,128)")
+    parser.add_argument("--dtypes", default="float16,float32", help="comma-separated (default: float16,float32)")
     args = parser.parse_args(argv)
     cc = tuple(int(x) for x in args.cc.split("."))
-    ptx = compile_all(cc=cc)
+    ptx = compile_all(cc=cc, head_dims=tuple(int(d) for d in args.head_dims.split(",")),
+                      dtypes=tuple(args.dtypes.split(",")))
     rows = summarize(ptx, cc)
     if args.dump:
         os.makedirs(args.dump, exist_ok=True)
@@ -117,7 +124,7 @@ def main(argv=None) -> int:
         for r in rows:
             print(f"{r['kernel']:13s} head_dim={r['head_dim']:<4d} {r['dtype']:8s} {r['ptx_chars']:7d} chars of "
                   f"PTX, .target sm_{cc[0]}{cc[1]}: {'yes' if r['target'] else 'NO'}, "
-                  f".f64 mentions: {r['f64_mentions']}")
+                  f".f64 mentions: {r['f64_mentions']}, .local mentions: {r['local_mentions']}")
     return 0 if all(r["target"] and r["entry"] for r in rows) else 1
 
 

@@ -13,8 +13,8 @@ tensors, so the tests and the tiny model run anywhere, slowly.
 ``num_partitions`` and ``max_context_len``/``max_query_len`` (pass them to skip a device-to-host sync,
 as a serving loop that already knows its lengths would).
 
-Not handled yet: head dims other than those KernelConfig accepts (64 and 128 are tested), ALiBi,
-sliding windows, quantized (fp8) caches, bf16.
+Not handled yet: head dims KernelConfig refuses (16, 64 and 128 are tested), ALiBi, sliding windows,
+quantized (fp8) caches, bf16.
 """
 
 from __future__ import annotations
@@ -55,6 +55,11 @@ def check_inputs(q, k_cache, v_cache, block_tables, context_lens, query_lens) ->
     for name, t in (("context_lens", context_lens), ("query_lens", query_lens)):
         if t is not None and (t.shape != (num_seqs,) or t.dtype != torch.int32):
             raise ValueError(f"{name} must be [num_seqs={num_seqs}] int32, got {tuple(t.shape)} {t.dtype}")
+    tensors = {"q": q, "k_cache": k_cache, "v_cache": v_cache, "block_tables": block_tables,
+               "context_lens": context_lens, "query_lens": query_lens}
+    devices = {name: t.device for name, t in tensors.items() if t is not None}
+    if len(set(devices.values())) > 1:
+        raise ValueError(f"all inputs must be on one device, got {devices}")
     expected_tokens = num_seqs if query_lens is None else None
     if expected_tokens is not None and q.shape[0] != expected_tokens:
         raise ValueError(f"q has {q.shape[0]} rows but there are {num_seqs} sequences and no query_lens")

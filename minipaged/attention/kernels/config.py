@@ -2,7 +2,8 @@
 
 A CUDA kernel sizes its shared memory at compile time, so the numbers below are baked into each
 compiled kernel, much as C++ kernels take them as template parameters. ``KernelConfig.for_head_dim``
-gives the defaults used everywhere; tests may build smaller ones.
+gives the sizes used on a GPU, ``KernelConfig.for_simulator`` smaller ones for numba's CUDA simulator
+(same code, fewer Python threads); tests may build others.
 
 The split rule (``choose_num_partitions``) lives here so it can be read and tested without a GPU:
 
@@ -11,7 +12,8 @@ The split rule (``choose_num_partitions``) lives here so it can be read and test
     v2 (the same blocks, each split into partitions along the context), with just enough
     partitions to reach the target block count, never shorter than MIN_PARTITION_TOKENS each.
 
-Not handled yet: head dims that do not divide the thread count evenly (64, 128 and 256 do).
+Not handled yet: head dims for which max_rows * head_dim is not a multiple of the thread count (powers
+of two from 8 up are fine); tiles beyond 48 KiB of static shared memory (dynamic shared memory).
 """
 
 from __future__ import annotations

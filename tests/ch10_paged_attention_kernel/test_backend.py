@@ -49,12 +49,12 @@ def test_non_contiguous_q(compare):
     compare(b, kernel="v1")
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("kernel,parts", [("v1", None), ("v2", 2)])
-def test_gpu_sizes_in_the_simulator(compare, kernel, parts):
-    """The sizes a GPU runs (128 threads, 32-key tiles, 16 rows), not the simulator's small ones."""
-    b = random_paged_batch([1, 17, 70], num_heads=3, num_kv_heads=1, head_dim=64, seed=8)
-    compare(b, kernel=kernel, num_partitions=parts, config=KernelConfig.for_head_dim(64))
+@pytest.mark.parametrize("kernel,parts,block_size", [("v1", None, 16), ("v2", 2, 16), ("v2", 3, 1)])
+def test_gpu_sizes_in_the_simulator(compare, kernel, parts, block_size):
+    """The sizes a GPU runs (128 threads, 32-key tiles, 16 rows), not the simulator's small ones. With
+    one token per block a copy step (64 elements) does not split evenly over 128 threads."""
+    b = random_paged_batch([1, 17, 70], num_heads=3, num_kv_heads=1, head_dim=64, block_size=block_size, seed=8)
+    compare(b, kernel=kernel, num_partitions=parts, config=KernelConfig.for_head_dim(64, block_size))
 
 
 @pytest.mark.parametrize("mutate,match", [

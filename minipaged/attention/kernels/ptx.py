@@ -90,6 +90,9 @@ def compile_all(cc=(9, 0), head_dims=(64, 128), dtypes=("float16", "float32")) -
                 for name, (fn, sig) in kernel_signatures(cfg, dtype_name).items():
                     text, _ = cuda.compile_ptx(fn, sig, cc=cc)
                     ptx[(name, head_dim, dtype_name)] = text
+                # one token per KV block (the contiguous arena): copy steps that split unevenly
+                fn, sig = kernel_signatures(KernelConfig.for_head_dim(head_dim, block_size=1), dtype_name)["v1"]
+                ptx[("v1_block_size_1", head_dim, dtype_name)] = cuda.compile_ptx(fn, sig, cc=cc)[0]
     return ptx
 
 

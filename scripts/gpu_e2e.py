@@ -22,15 +22,16 @@ from minipaged import LLM, SamplingParams
 PROMPT_LENS = (5, 17, 100, 600)
 
 
-def generate(model: str, backend: str, prompts, max_tokens: int):
-    llm = LLM(model, kv_policy="on_demand", attention_backend=backend, device="cuda", progress=False,
+def generate(model: str, backend: str, prompts, max_tokens: int, device: str = "cuda"):
+    llm = LLM(model, kv_policy="on_demand", attention_backend=backend, device=device, progress=False,
               kv_capacity_tokens=16384)
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     llm.generate(prompts[:1], SamplingParams(temperature=0.0, max_tokens=2), use_tqdm=False)  # warm-up
-    torch.cuda.synchronize()
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    sync()
     t0 = time.perf_counter()
     outs = llm.generate(prompts, params, use_tqdm=False)
-    torch.cuda.synchronize()
+    sync()
     return [list(o.outputs[0].token_ids) for o in outs], time.perf_counter() - t0
 
 

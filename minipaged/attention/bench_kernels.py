@@ -10,15 +10,16 @@ For each model shape (SmolLM2-135M: 9 query heads, 3 KV heads, head_dim 64; a Ll
 
 1. builds a paged cache with a shuffled block table, checks every numba kernel against the reference
    (llm.c's rule: validate before timing);
-2. times, with CUDA events after warm-up, and with the L2 cache flushed before every call (a 1 GiB
-   write), the numba backend ("auto": the v1/v2 rule), v1 and v2 forced, the naive reference, and
-   torch's scaled_dot_product_attention on contiguous K/V (no paging);
+2. times, with CUDA events after warm-up and with the L2 cache flushed before every call (a 1 GiB
+   write, then a short GPU spin so the events see GPU time only): the numba backend ("auto": the
+   v1/v2 rule), v1 and v2 forced, the naive reference, and torch's scaled_dot_product_attention on
+   contiguous K/V (no paging);
 3. reports achieved bandwidth, bytes that must move (K, V, Q in, output out) / time, as a fraction of
    the device's peak (from the table below, or --peak-gbps), and the speed ratios;
 4. sweeps v2's partition count on a few shapes, to check the v1/v2 rule against measurements.
 
-Host time per call (Python launch overhead) is reported apart: the flush gives the host time to queue
-the next call, so the events time the GPU's work only.
+Host time per call (Python launch overhead) is reported apart (``host_us_per_call_numba``): the
+flush and spin give the host time to queue the next call, so the events time the GPU's work only.
 
 Without a CUDA GPU it prints how to get one and exits with status 2 (``--roofline`` still works).
 Not handled yet: bf16, prefill-shaped batches (multi-token queries), CUDA graphs.
@@ -151,7 +152,14 @@ def print_roofline(r: dict) -> None:
 
 
 class CudaTimer:
-    """Median GPU time of fn(), each call after an L2 flush, measured by CUDA events."""
+    """Median GPU time of fn(), each call after an L2 flush, measured by CUDA events.
+
+    Before each call the GPU writes a 1 GiB buffer (evicting L2) and then spins for about a
+    millisecond (torch.cuda._sleep), so the host has queued fn's kernels before the start event
+    fires: the events time the GPU's work, not the host's Python launch overhead (measured apart).
+    """
+
+    SLEEP_CYCLES = 2_000_000  # about 1 ms at 2 GHz
 
     def __init__(self, device, flush_bytes=2**30):
         self.device = device
@@ -162,7 +170,9 @@ class CudaTimer:
             fn()
         events = []
         for _ in range(iters):
-            self.flush.zero_()  # evicts L2, and keeps the GPU busy while the host queues fn
+            self.flush.zero_()  # evicts L2
+            if hasattr(torch.cuda, "_sleep"):
+                torch.cuda._sleep(self.SLEEP_CYCLES)  # the GPU waits here while the host queues fn
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             fn()
@@ -173,16 +183,48 @@ class CudaTimer:
         return times[len(times) // 2]
 
 
-def host_us_per_call(fn, calls=50) -> float:
+class WallTimer:
+    """CudaTimer's interface on the CPU (perf_counter, no flush): lets the benchmark's own code be
+    tested where there is no GPU, under numba's simulator. Its times mean nothing for the chapter."""
+
+    def __init__(self, device="cpu"):
+        self.device = torch.device(device)
+
+    def __call__(self, fn, iters=20, warmup=3) -> float:
+        import time
+
+        for _ in range(warmup):
+            fn()
+        times = []
+        for _ in range(iters):
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e6)
+        return sorted(times)[len(times) // 2]
+
+
+def _sync(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _num_sms(device) -> int:
+    from minipaged.attention.kernels.config import DEFAULT_NUM_SMS
+
+    device = torch.device(device)
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else DEFAULT_NUM_SMS
+
+
+def host_us_per_call(fn, device, calls=50) -> float:
     """Wall time per call with calls queued back to back: launch overhead when the GPU is faster."""
     import time
 
     fn()
-    torch.cuda.synchronize()
+    _sync(device)
     t0 = time.perf_counter()
     for _ in range(calls):
         fn()
-    torch.cuda.synchronize()
+    _sync(device)
     return (time.perf_counter() - t0) / calls * 1e6
 
 
@@ -207,7 +249,7 @@ def _sdpa_call(q4, k4, v4):
         return lambda: sdpa(q4, k4, v4)
 
 
-def bench_one(cfg: ModelConfig, name: str, batch: int, context: int, timer: CudaTimer, peak_gbps: float,
+def bench_one(cfg: ModelConfig, name: str, batch: int, context: int, timer, peak_gbps: float,
               iters: int = 20, reference_iters: int = 3) -> dict:
     from minipaged.attention.kernels.config import KernelConfig, choose_num_partitions, num_row_tiles
     from minipaged.attention.numba_backend import paged_attention_numba
@@ -218,8 +260,8 @@ def bench_one(cfg: ModelConfig, name: str, batch: int, context: int, timer: Cuda
     args = (b["q"], b["k_cache"], b["v_cache"], b["block_tables"], b["context_lens"])
     group = cfg.num_heads // cfg.num_kv_heads
     units = batch * cfg.num_kv_heads * num_row_tiles(1, group)
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
-    auto_parts, _ = choose_num_partitions(units, context, sms, KernelConfig.for_head_dim(cfg.head_dim).tile_tokens)
+    auto_parts, _ = choose_num_partitions(units, context, _num_sms(device),
+                                          KernelConfig.for_head_dim(cfg.head_dim).tile_tokens)
     v2_parts = auto_parts if auto_parts > 1 else (min(4, context // 256) if context >= 512 else None)
 
     def numba_call(kernel="auto", parts=None):
@@ -237,8 +279,9 @@ def bench_one(cfg: ModelConfig, name: str, batch: int, context: int, timer: Cuda
 
     q4, k4, v4 = _sdpa_inputs(b)
     calls["sdpa"] = _sdpa_call(q4, k4, v4)
-    us = {k: timer(fn, iters) for k, fn in calls.items()}
-    us["reference"] = timer(lambda: paged_attention_reference(*args), reference_iters, warmup=1)
+    warmup = min(3, iters)
+    us = {k: timer(fn, iters, warmup) for k, fn in calls.items()}
+    us["reference"] = timer(lambda: paged_attention_reference(*args), min(reference_iters, iters), warmup=1)
     nbytes = decode_attention_bytes(cfg, batch, context)
     gbps = {k: nbytes / (t * 1e3) for k, t in us.items()}
     row = {
@@ -248,7 +291,7 @@ def bench_one(cfg: ModelConfig, name: str, batch: int, context: int, timer: Cuda
         "v2_partitions": v2_parts, "max_abs_err_vs_reference": errors,
         "us": us, "gbps": gbps, "fraction_of_peak": {k: g / peak_gbps for k, g in gbps.items()},
         "speedup_vs_reference": us["reference"] / us["numba"], "speed_vs_sdpa": us["sdpa"] / us["numba"],
-        "host_us_per_call_numba": host_us_per_call(calls["numba"]),
+        "host_us_per_call_numba": host_us_per_call(calls["numba"], device, calls=max(iters, 2)),
     }
     return row
 
@@ -265,42 +308,48 @@ def sweep_partitions(cfg, name, batch, context, timer, peak_gbps, iters=20) -> d
             continue
         kernel = "v1" if parts == 1 else "v2"
         us[parts] = timer(lambda k=kernel, p=parts: paged_attention_numba(
-            *args, kernel=k, num_partitions=p, max_context_len=context, max_query_len=1, validate=False), iters)
+            *args, kernel=k, num_partitions=p, max_context_len=context, max_query_len=1, validate=False), iters,
+            min(3, iters))
     return {"shape": name, "batch": batch, "context": context,
             "us_by_partitions": us, "fraction_of_peak": {p: nbytes / (t * 1e3) / peak_gbps for p, t in us.items()}}
 
 
-def run(quick=False, peak_gbps=None, iters=20, progress=True, out=None) -> dict:
-    device = torch.device("cuda")
-    dev_name = torch.cuda.get_device_name(device)
-    peaks = device_peaks(dev_name)
+def run(quick=False, peak_gbps=None, iters=20, progress=True, out=None, device="cuda", grid=None, sweeps=SWEEP,
+        target=TARGET, shapes=None) -> dict:
+    """The whole benchmark. On device="cpu" (tests only) it times with WallTimer under the simulator."""
+    device = torch.device(device)
+    shapes = shapes or SHAPES
+    on_gpu = device.type == "cuda"
+    dev_name = torch.cuda.get_device_name(device) if on_gpu else "cpu (numba simulator: times are meaningless)"
     if peak_gbps is None:
+        peaks = device_peaks(dev_name)
         if peaks is None:
             raise SystemExit(f"'{dev_name}' is not in DEVICE_PEAKS; pass --peak-gbps")
         peak_gbps = peaks[0]
-    timer = CudaTimer(device)
-    grid = QUICK_GRID if quick else [(s, b, c) for s in SHAPES for b in BATCHES for c in CONTEXTS]
+    timer = CudaTimer(device) if on_gpu else WallTimer(device)
+    if grid is None:
+        grid = QUICK_GRID if quick else [(s, b, c) for s in shapes for b in BATCHES for c in CONTEXTS]
     rows = []
     for name, batch, context in grid:
-        rows.append(bench_one(SHAPES[name], name, batch, context, timer, peak_gbps, iters))
-        torch.cuda.empty_cache()  # this shape's caches are gone; give the next one the memory
+        rows.append(bench_one(shapes[name], name, batch, context, timer, peak_gbps, iters))
+        if on_gpu:
+            torch.cuda.empty_cache()  # this shape's caches are gone; give the next one the memory
         if progress:
             print_row(rows[-1], file=sys.stderr)
         if out:  # rows so far, in case the run is cut short
             with open(out, "w") as f:
                 json.dump({"device": dev_name, "peak_gbps": peak_gbps, "partial": True, "rows": rows}, f, indent=2)
-    sweeps = [sweep_partitions(SHAPES[n], n, b, c, timer, peak_gbps, iters) for n, b, c in SWEEP]
-    target = next(r for r in rows if (r["shape"], r["batch"], r["context"]) == TARGET)
+    swept = [sweep_partitions(shapes[n], n, b, c, timer, peak_gbps, iters) for n, b, c in sweeps]
+    head = next(r for r in rows if (r["shape"], r["batch"], r["context"]) == tuple(target))
     import numba
 
     return {
-        "device": dev_name, "peak_gbps": peak_gbps,
-        "sms": torch.cuda.get_device_properties(device).multi_processor_count,
-        "torch": torch.__version__, "numba": numba.__version__, "rows": rows, "partition_sweeps": sweeps,
-        "target": {"shape": TARGET, "fraction_of_peak": target["fraction_of_peak"]["numba"],
-                   "speedup_vs_reference": target["speedup_vs_reference"],
-                   "meets_50pct_of_peak": target["fraction_of_peak"]["numba"] >= 0.5,
-                   "meets_10x_reference": target["speedup_vs_reference"] >= 10},
+        "device": dev_name, "peak_gbps": peak_gbps, "sms": _num_sms(device),
+        "torch": torch.__version__, "numba": numba.__version__, "rows": rows, "partition_sweeps": swept,
+        "target": {"shape": list(target), "fraction_of_peak": head["fraction_of_peak"]["numba"],
+                   "speedup_vs_reference": head["speedup_vs_reference"],
+                   "meets_50pct_of_peak": head["fraction_of_peak"]["numba"] >= 0.5,
+                   "meets_10x_reference": head["speedup_vs_reference"] >= 10},
     }
 
 

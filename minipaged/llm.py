@@ -6,7 +6,11 @@
 
 The front end checks every prompt and parameter before any work starts (a bad one raises a
 ValueError naming the field), turns each prompt into n Sequences and hands them to the engine that
-the configuration chose.
+the configuration chose. With the "shared" KV policy the n samples of a prompt are prefilled once and
+forked (chapter 05); every other policy runs them as n independent sequences. Sample i always
+draws from its own generator seeded with ``sample_seed(seed, i)``, so the outputs are the same either way.
+
+    llm.beam_search(prompts, BeamSearchParams(beam_width=4, max_tokens=32))   as vLLM's (beam_search.py)
 
 Not handled yet: streaming, async serving, LoRA, multi-modal prompts.
 """
@@ -16,14 +20,14 @@ from __future__ import annotations
 import itertools
 
 from minipaged.engine import NaiveEngine
-from minipaged.kv.factory import POLICIES, make_policy
+from minipaged.kv.factory import ALL_POLICIES, make_policy
 from minipaged.model import load_model
 from minipaged.outputs import RequestOutput
 from minipaged.sampling import make_generator, sample_seed
 from minipaged.sampling_params import SamplingParams
 from minipaged.sequence import Sequence
 
-KV_POLICIES = ("per_request", *POLICIES)
+KV_POLICIES = ("per_request", *ALL_POLICIES)
 
 
 class LLM:
@@ -38,7 +42,9 @@ class LLM:
             "contiguous"   (chapter 01) one slab per request in a pooled arena, first fit;
             "fixed_blocks" (chapter 02) a contiguous run of fixed-size blocks per request;
             "block_table"  (chapter 03) any free blocks, through a block table, reserved up front;
-            "on_demand"    (chapter 04) blocks taken as tokens arrive.
+            "on_demand"    (chapter 04) blocks taken as tokens arrive;
+            "shared"       (chapter 05) on_demand with reference-counted blocks and copy-on-write:
+                           the n samples of a request share its prompt's blocks, beams share prefixes.
             Every policy but "per_request" batches sequences in a shared pool (paged_engine.py).
         block_size: tokens per KV block (pooled policies; the contiguous arena uses 1).
         kv_capacity_tokens: size of the KV pool in token slots (pooled policies; default 8192).
@@ -64,6 +70,7 @@ class LLM:
             raise ValueError(f"max_model_len={max_model_len} must be in [2, {self.config.max_model_len}]")
         self.max_model_len = max_model_len or self.config.max_model_len
         self.kv_policy = kv_policy
+        self.max_num_seqs = max_num_seqs  # beam search batches the same number of beams either way
         if kv_policy == "per_request":
             self.engine = NaiveEngine(self.model, self.tokenizer, use_cache=use_cache)
         else:
@@ -155,10 +162,47 @@ class LLM:
                 if all(s.finished for s in owner[seq.seq_id]):
                     bar.update(1)
 
-            self.engine.run([seq for group in groups for seq in group], generators, on_finish)
+            if self.engine.policy.shares_blocks:  # prefill each prompt once, fork its other samples
+                self.engine.run([group[0] for group in groups], generators, on_finish,
+                                forks={group[0].seq_id: group[1:] for group in groups})
+            else:
+                self.engine.run([seq for group in groups for seq in group], generators, on_finish)
         bar.close()
         return [RequestOutput(str(next(self._request_ids)), text, ids, [seq.to_output() for seq in group])
                 for (text, ids), group in zip(requests, groups)]
+
+    def beam_search(self, prompts, params, use_tqdm: bool = False):
+        """vLLM's ``LLM.beam_search``: for each prompt, the best params.beam_width sequences found by
+        beam search (a list of BeamSearchOutput, one per prompt; see minipaged/beam_search.py).
+
+        kv_policy "shared" keeps the beams in the paged pool, sharing blocks; "per_request" gives
+        every beam private K/V, cloned when beams branch (the unshared oracle). Other policies cannot
+        fork a sequence and raise a ValueError.
+        """
+        from tqdm import tqdm
+
+        from minipaged.beam_search import BeamSearch, BeamSearchParams, PagedBeams, PrivateBeams
+
+        if not isinstance(params, BeamSearchParams):
+            raise ValueError(f"params must be BeamSearchParams, got {type(params).__name__}")
+        if self.kv_policy == "per_request":
+            backend = PrivateBeams(self.model)
+        elif self.engine.policy.shares_blocks:
+            backend = PagedBeams(self.engine)
+        else:
+            raise ValueError(f"beam_search needs kv_policy='shared' (beams share blocks) or 'per_request' "
+                             f"(private copies); kv_policy={self.kv_policy!r} cannot fork a sequence")
+        if isinstance(prompts, (str, dict)) or (isinstance(prompts, (list, tuple)) and prompts
+                                                 and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        if not prompts:
+            raise ValueError("prompts is empty: give at least one prompt")
+        ids = [self._prompt_ids(p, i)[1] for i, p in enumerate(prompts)]
+        search = BeamSearch(backend, params, self.tokenizer.eos_token_id, max_num_seqs=self.max_num_seqs)
+        bar = tqdm(total=len(ids), desc="beam search", unit="prompt", disable=not use_tqdm)
+        outputs = search.run(ids, self.max_model_len, self.tokenizer, on_finish=lambda _: bar.update(1))
+        bar.close()
+        return outputs
 
     def chat(self, messages, sampling_params=None, use_tqdm: bool = True, add_generation_prompt: bool = True):
         """Apply the model's chat template to one conversation (or a list of them), then generate."""

@@ -1,12 +1,13 @@
 """KV-cache bookkeeping: where every sequence's keys and values live, as plain Python (no torch).
 
-One interface (``KVPolicy``, see base.py for the calls and the waste accounting), four policies,
+One interface (``KVPolicy``, see base.py for the calls and the waste accounting), five policies,
 one per chapter, all selectable by name through ``make_policy``:
 
     contiguous     ch01  one slab per request in one arena, first fit        contiguous.py
     fixed_blocks   ch02  fixed-size blocks, a contiguous run per request      fixed_blocks.py
     block_table    ch03  block table: any free block, reserved up front       block_table.py, block_pool.py
     on_demand      ch04  block table grown one block at a time                on_demand.py
+    shared         ch05  on_demand + reference counts, fork, copy-on-write    shared.py
 """
 
 from minipaged.kv.base import (
@@ -20,12 +21,14 @@ from minipaged.kv.base import (
 from minipaged.kv.block_pool import BlockPool
 from minipaged.kv.block_table import BlockTablePolicy
 from minipaged.kv.contiguous import ContiguousArena
-from minipaged.kv.factory import POLICIES, RESERVING_POLICIES, make_policy
+from minipaged.kv.factory import ALL_POLICIES, POLICIES, RESERVING_POLICIES, SHARING_POLICIES, make_policy
 from minipaged.kv.fixed_blocks import FixedBlockPolicy
 from minipaged.kv.on_demand import OnDemandPolicy
+from minipaged.kv.shared import RefCountedBlockPool, SharedPolicy, Sharing
 
 __all__ = [
     "KVPolicy", "Usage", "NoFreeMemory", "ReservationExceeded", "RESERVATION_RULES", "reservation_tokens",
     "ContiguousArena", "FixedBlockPolicy", "BlockPool", "BlockTablePolicy", "OnDemandPolicy",
-    "POLICIES", "RESERVING_POLICIES", "make_policy",
+    "RefCountedBlockPool", "SharedPolicy", "Sharing",
+    "POLICIES", "RESERVING_POLICIES", "SHARING_POLICIES", "ALL_POLICIES", "make_policy",
 ]

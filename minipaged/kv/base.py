@@ -14,6 +14,8 @@ slots. The engine and the trace simulator drive every policy through the same ca
     free(seq_id)                            give everything back (finish, abort or preemption)
     usage(head=None) -> Usage               the waste accounting below
     check_invariants()                      AssertionError with a clear message if bookkeeping broke
+    drain_copies() -> [(src, dst)]          block copies the engine makes before writing (always []
+                                            except under copy-on-write, chapter 05's kv/shared.py)
 
 A slot is ``block * block_size + offset``. The prompt is written like any other tokens: the engine
 calls ``append_slots(seq_id, prompt_len)`` for its prefill, then ``append_slots(seq_id, 1)`` per step.
@@ -50,8 +52,8 @@ Waste accounting. ``usage(head)`` splits the pool into five disjoint parts, in s
 The split of unused allocated slots into ``reserved`` and ``internal`` is exact only when the
 final length is known (the simulator knows it); their sum is always exact.
 
-Not handled here: sharing blocks between sequences (copy-on-write, prefix caching) and the choice of
-what to admit or preempt (the scheduler's job, later chapters).
+Not handled here: sharing blocks between sequences (copy-on-write is kv/shared.py, chapter 05; prefix
+caching is later) and the choice of what to admit or preempt (the scheduler's job, later chapters).
 """
 
 from __future__ import annotations
@@ -169,6 +171,7 @@ class KVPolicy:
     """
 
     name = "base"
+    shares_blocks = False  # True for policies with fork / copy-on-write (chapter 05, kv/shared.py)
 
     def __init__(self, num_slots: int, block_size: int, max_model_len: int):
         check_positive_int("block_size", block_size)
@@ -268,6 +271,11 @@ class KVPolicy:
     def can_append_slots(self, seq_id, n: int = 1) -> bool:
         """True if ``append_slots(seq_id, n)`` would succeed now (a scheduler asks before a step)."""
         raise NotImplementedError
+
+    def drain_copies(self) -> list[tuple[int, int]]:
+        """Block copies (src, dst) the engine must make in K and V before the next write, oldest first,
+        and forget them. Only copy-on-write policies (chapter 05) ever ask for one."""
+        return []
 
     def free(self, seq_id) -> None:
         """Give back everything the sequence holds. It may be allocated again later (preemption)."""

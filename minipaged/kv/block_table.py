@@ -46,6 +46,7 @@ class BlockTable(SequenceState):
 
 class BlockTablePolicy(KVPolicy):
     name = "block_table"
+    pool_class = BlockPool  # what a policy builds when not handed a pool (chapter 05 counts references)
 
     def __init__(self, num_slots: int, block_size: int = 16, max_model_len: int = 2048,
                  reservation: str | None = "max", pool: BlockPool | None = None):
@@ -53,7 +54,7 @@ class BlockTablePolicy(KVPolicy):
         if reservation is not None:
             reservation_tokens(reservation, 1, 1, None, max_model_len)  # ValueError for an unknown rule
         self.reservation = reservation
-        self.pool = pool if pool is not None else BlockPool(self.num_blocks)
+        self.pool = pool if pool is not None else self.pool_class(self.num_blocks)
         if self.pool.num_blocks != self.num_blocks:
             raise ValueError(f"pool has {self.pool.num_blocks} blocks, the policy expects {self.num_blocks}")
 

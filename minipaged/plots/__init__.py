@@ -3,13 +3,18 @@
     plot_memory_map(timeline)        who holds which part of the pool, step by step
     plot_waste_breakdown(results)    where the pool went, per policy (tokens, reserved, fragmentation)
     plot_block_size_sweep(sweep)     utilization against block size
+    plot_block_sharing(snapshots)    shared blocks, reference counts, copy-on-write (chapter 05)
+    plot_memory_saved(rows)          memory saved by sharing, per mode and trace (chapter 05)
+    plot_blocks_over_time(p, l)      blocks in use per step with and without sharing (chapter 05)
 
 Each returns a matplotlib Figure (created without pyplot, so nothing global changes) and saves a PNG
 when given ``path``.
 """
 
 from minipaged.plots.memory_map import plot_memory_map
+from minipaged.plots.sharing import plot_block_sharing, plot_blocks_over_time, plot_memory_saved
 from minipaged.plots.sweep import plot_block_size_sweep
 from minipaged.plots.waste import plot_waste_breakdown
 
-__all__ = ["plot_memory_map", "plot_waste_breakdown", "plot_block_size_sweep"]
+__all__ = ["plot_memory_map", "plot_waste_breakdown", "plot_block_size_sweep", "plot_block_sharing",
+           "plot_memory_saved", "plot_blocks_over_time"]

@@ -3,6 +3,7 @@
     python -m minipaged.simulator                              every policy and reservation rule
     python -m minipaged.simulator --policy contiguous on_demand --reservation max --json
     python -m minipaged.simulator --sweep-block-size           on_demand utilization, blocks 1..256
+    python -m minipaged.simulator --sharing                    memory saved by copy-on-write sharing (ch05)
 
 ``register(subparsers)`` adds the same command as ``simulate`` to another argparse program; the
 parsed arguments carry ``func``, which runs it and returns the exit code.
@@ -23,7 +24,7 @@ import json
 import math
 import os
 
-from minipaged.kv import POLICIES, RESERVATION_RULES
+from minipaged.kv import ALL_POLICIES, POLICIES, RESERVATION_RULES
 from minipaged.simulator.compare import (
     SWEEP_BLOCK_SIZES,
     compare_policies,
@@ -38,13 +39,14 @@ DEFAULTS = dict(workload="sharegpt", capacity=32768, block_size=16, num_requests
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     d = DEFAULTS
-    parser.add_argument("--workload", choices=sorted(WORKLOADS), default=d["workload"],
+    parser.add_argument("--workload", choices=sorted(WORKLOADS), default=None,
                         help="synthetic trace shaped like ShareGPT (mean 161 in / 338 out tokens) or "
-                             "Alpaca (19 in / 58 out); default %(default)s")
-    parser.add_argument("--policy", nargs="+", choices=[*POLICIES, "all"], default=None,
+                             f"Alpaca (19 in / 58 out); default {d['workload']} (with --sharing: both)")
+    parser.add_argument("--policy", nargs="+", choices=[*ALL_POLICIES, "all"], default=None,
                         help="KV policies to compare side by side: contiguous (ch01), fixed_blocks (ch02), "
-                             "block_table (ch03), on_demand (ch04), or all. Default: all; with "
-                             "--sweep-block-size alone, on_demand")
+                             "block_table (ch03), on_demand (ch04), or all of those four; shared (ch05) "
+                             "equals on_demand on a trace without forks (see --sharing). Default: all; "
+                             "with --sweep-block-size alone, on_demand")
     parser.add_argument("--reservation", nargs="+", choices=[*RESERVATION_RULES, "all"], default=["all"],
                         help="what the reserving policies (contiguous, fixed_blocks, block_table) set "
                              "aside at admission: max = max_model_len, pow2 = next power of two of "
@@ -55,8 +57,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "uses 1); default %(default)s")
     parser.add_argument("--capacity", type=int, default=d["capacity"],
                         help="KV cache size in token slots, the same for every policy; default %(default)s")
-    parser.add_argument("--num-requests", type=int, default=d["num_requests"],
-                        help="requests in the trace; default %(default)s")
+    parser.add_argument("--num-requests", type=int, default=None,
+                        help=f"requests in the trace; default {d['num_requests']} (with --sharing: 300)")
     parser.add_argument("--arrival-rate", type=float, default=d["arrival_rate"],
                         help="mean arrivals per step (Poisson); inf puts every request at step 0; "
                              "default %(default)s")
@@ -70,6 +72,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sweep-block-size", action="store_true",
                         help=f"also measure utilization of the block policies at block sizes "
                              f"{', '.join(map(str, SWEEP_BLOCK_SIZES))}")
+    parser.add_argument("--sharing", action="store_true",
+                        help="chapter 05 instead: KV memory saved by sharing blocks (policy 'shared') for "
+                             "parallel sampling and beam search, on both traces unless --workload is given")
+    parser.add_argument("--samples", type=int, nargs="+", default=[2, 4, 6],
+                        help="with --sharing: parallel-sampling n values; default %(default)s")
+    parser.add_argument("--beam-widths", type=int, nargs="+", default=[2, 4, 6],
+                        help="with --sharing: beam widths; default %(default)s")
     parser.add_argument("--plot-dir", default=None,
                         help="also save PNG figures there: waste breakdown per policy, a memory map per "
                              "policy (its first 2000 steps), and the sweep if asked (needs matplotlib)")
@@ -103,14 +112,22 @@ frag_blk  loaded steps where the queue head was refused although all free slots 
 
 def run(args: argparse.Namespace) -> int:
     for field in ("capacity", "num_requests", "block_size", "max_model_len"):
-        if getattr(args, field) < 1:
+        if getattr(args, field) is not None and getattr(args, field) < 1:
             raise SystemExit(f"--{field.replace('_', '-')} must be >= 1, got {getattr(args, field)}")
     if not (args.arrival_rate > 0 or math.isinf(args.arrival_rate)):
         raise SystemExit(f"--arrival-rate must be > 0 (or inf), got {args.arrival_rate}")
+    if getattr(args, "sharing", False):
+        if any(n < 1 for n in args.samples + args.beam_widths):
+            raise SystemExit("--samples and --beam-widths must be >= 1")
+        from minipaged.simulator.sharing_report import run_sharing
+
+        return run_sharing(args)
+    args.workload = args.workload or DEFAULTS["workload"]
+    args.num_requests = args.num_requests or DEFAULTS["num_requests"]
     requests = make_workload(args.workload, args.num_requests, arrival_rate=args.arrival_rate,
                              max_model_len=args.max_model_len, seed=args.seed)
     chosen = args.policy or (["on_demand"] if args.sweep_block_size else ["all"])
-    policies = list(POLICIES) if "all" in chosen else list(dict.fromkeys(chosen))
+    policies = list(dict.fromkeys((list(POLICIES) if "all" in chosen else []) + [p for p in chosen if p != "all"]))
     rules = list(RESERVATION_RULES) if "all" in args.reservation else list(dict.fromkeys(args.reservation))
     variants = policy_variants(policies, rules)
     timeline = dict(timeline_steps=200, timeline_every=10) if args.plot_dir else {}

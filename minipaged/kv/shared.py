@@ -1,0 +1,277 @@
+"""Chapter 05: reference-counted blocks, fork and copy-on-write (the KV policy named "shared").
+
+A process that calls fork() gets a child whose page table points at the parent's pages; the pages
+are marked read-only and copied only when one of the two writes into them. Here the pages are KV
+blocks and the processes are sequences:
+
+    fork(parent, child)     the child's block table is a copy of the parent's table: the same
+                            physical blocks, each block's reference count + 1. No K/V is copied.
+    append_slots(seq, n)    before a token is written into a block held by more than one table,
+                            the sequence takes a fresh block, records the copy (old -> new) for the
+                            engine, drops its reference to the old block and writes into the new one.
+    free(seq)               every block's count - 1; a block returns to the free list at zero.
+
+Only a partly filled last block is ever written into, so with block size B a fork costs nothing up
+front and at most one block copy per branch later. Full blocks stay shared until every holder is gone.
+
+The policy only keeps the books. The K/V data lives in the engine (kv/paged_cache.py); the engine
+calls ``drain_copies()`` before each forward pass and copies each (src, dst) block in every layer's K
+and V, in order, before any new token's K/V is written. Copies are recorded in the order they must
+happen; a copy whose destination is freed before it happens is dropped.
+
+Invariants (``check_invariants``, and what the property tests drive at random):
+    * a block's reference count equals the number of block tables that hold it; count 0 <=> free;
+    * no token is ever written into a block whose count is above one (checked at every write);
+    * a pending copy's destination is held by exactly one table.
+
+Memory accounting: ``usage()`` counts physical slots (a shared block once), so ``tokens`` is the
+number of distinct token slots in use. ``sharing()`` compares the blocks in use with the blocks the
+same sequences would hold without sharing (the sum of their table lengths, what ``on_demand`` would
+take): the memory that sharing saved.
+
+Everything else is chapter 04's on-demand allocation (same admission, watermark, NoFreeMemory).
+
+Not handled: sharing between unrelated requests (prefix caching, chapter 07), swapping shared blocks
+to CPU memory (chapter 06 must move a shared block once, not once per holder).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+from minipaged.kv.base import NoFreeMemory, Usage, check_positive_int
+from minipaged.kv.block_pool import BlockPool
+from minipaged.kv.block_table import BlockTable
+from minipaged.kv.on_demand import OnDemandPolicy
+
+
+class RefCountedBlockPool(BlockPool):
+    """A block pool whose blocks carry reference counts: ``take`` hands a block out with count 1,
+    ``share`` adds holders, ``release`` removes one holder and frees the block when none is left."""
+
+    def __init__(self, num_blocks: int):
+        super().__init__(num_blocks)
+        self._refs = [0] * num_blocks
+
+    def ref_count(self, block: int) -> int:
+        return self._refs[block]
+
+    def take(self, n: int) -> list[int]:
+        blocks = super().take(n)
+        for block in blocks:
+            self._refs[block] = 1
+        return blocks
+
+    def share(self, blocks: list[int]) -> None:
+        """One more holder for each block (a fork)."""
+        for block in blocks:
+            if self._refs[block] == 0:
+                raise RuntimeError(f"block {block} is free and cannot be shared")
+        for block in blocks:
+            self._refs[block] += 1
+
+    def release(self, blocks: list[int]) -> None:
+        """One holder fewer for each block; those nobody holds any more go back to the free list."""
+        for block in blocks:
+            if self._refs[block] == 0:
+                raise RuntimeError(f"block {block} is released twice")
+            self._refs[block] -= 1
+            if self._refs[block] == 0:
+                super().release([block])
+
+    def check_invariants(self) -> None:
+        super().check_invariants()
+        wrong = [b for b in range(self.num_blocks) if (self._refs[b] == 0) != self.is_free(b)]
+        assert not wrong, f"blocks {wrong[:8]}: reference count 0 must mean free, and only then"
+
+
+@dataclass(frozen=True)
+class Sharing:
+    """Blocks in use with sharing, and what the same sequences would hold without it."""
+
+    physical_blocks: int  # distinct blocks held by some table
+    logical_blocks: int  # sum of table lengths: the blocks an unshared policy would need
+    shared_blocks: int  # blocks held by more than one table
+
+    @property
+    def saved_blocks(self) -> int:
+        return self.logical_blocks - self.physical_blocks
+
+    @property
+    def saved_fraction(self) -> float:
+        return self.saved_blocks / self.logical_blocks if self.logical_blocks else 0.0
+
+
+class SharedPolicy(OnDemandPolicy):
+    name = "shared"
+    pool_class = RefCountedBlockPool
+    shares_blocks = True
+
+    def __init__(self, num_slots: int, block_size: int = 16, max_model_len: int = 2048,
+                 watermark: float = 0.01, pool: RefCountedBlockPool | None = None):
+        if pool is not None and not isinstance(pool, RefCountedBlockPool):
+            raise ValueError(f"pool must be a RefCountedBlockPool for {self.name!r}, got {type(pool).__name__}")
+        super().__init__(num_slots, block_size=block_size, max_model_len=max_model_len,
+                         watermark=watermark, pool=pool)
+        self._copies: list[tuple[int, int]] = []  # (src, dst) block copies the engine has not made yet
+        self.stats = {"forks": 0, "cow_copies": 0}
+
+    def ref_count(self, block: int) -> int:
+        return self.pool.ref_count(block)
+
+    # ---- fork -------------------------------------------------------------------------------
+
+    def fork(self, parent_id, child_id, *, max_new_tokens: int | None = None, final_len: int | None = None) -> None:
+        """The child starts as the parent: same tokens, same physical blocks (each count + 1).
+
+        max_new_tokens / final_len describe the child's own future (the simulator knows how long
+        each sample runs); by default they are the parent's. Takes no free block, so never fails
+        for lack of memory.
+        """
+        parent = self._state(parent_id)
+        if child_id in self._seqs:
+            raise ValueError(f"seq_id={child_id!r} is already allocated; free it first")
+        if max_new_tokens is not None:
+            check_positive_int("max_new_tokens", max_new_tokens)
+        if final_len is not None:
+            check_positive_int("final_len", final_len)
+            if final_len > self.max_model_len:
+                raise ValueError(f"final_len={final_len} exceeds max_model_len={self.max_model_len}")
+        self.pool.share(parent.blocks)
+        self._seqs[child_id] = BlockTable(
+            parent.prompt_len,
+            parent.max_new_tokens if max_new_tokens is None else max_new_tokens,
+            parent.final_len if final_len is None else final_len,
+            num_tokens=parent.num_tokens,
+            blocks=list(parent.blocks),
+        )
+        self.stats["forks"] += 1
+
+    # ---- copy-on-write ----------------------------------------------------------------------
+
+    def _shared_blocks_written(self, table: BlockTable, n: int) -> int:
+        """How many blocks the next n tokens would write into while someone else holds them."""
+        if n == 0:
+            return 0
+        first = table.num_tokens // self.block_size
+        last = min((table.num_tokens + n - 1) // self.block_size, len(table.blocks) - 1)
+        return sum(self.pool.ref_count(table.blocks[i]) > 1 for i in range(first, last + 1))
+
+    def can_append_slots(self, seq_id, n: int = 1) -> bool:
+        table = self._check_append(seq_id, n)
+        needed = max(0, self._blocks_missing(table, n)) + self._shared_blocks_written(table, n)
+        return needed <= self.pool.num_free
+
+    def append_slots(self, seq_id, n: int) -> list[int]:
+        table = self._check_append(seq_id, n)
+        growth = max(0, self._blocks_missing(table, n))
+        copies = self._shared_blocks_written(table, n)
+        if growth + copies > self.pool.num_free:  # all or nothing: refuse before changing anything
+            raise NoFreeMemory(f"seq {seq_id!r} needs {growth} new block(s) and {copies} copy-on-write "
+                               f"block(s) for its next {n} token(s); {self.pool.num_free} free")
+        return super().append_slots(seq_id, n)  # growth, then _block_for_write per token
+
+    def _block_for_write(self, seq_id, table: BlockTable, logical_block: int) -> int:
+        block = table.blocks[logical_block]
+        if self.pool.ref_count(block) > 1:  # shared: copy it first, then write into the copy
+            (fresh,) = self.pool.take(1)
+            self._copies.append((block, fresh))
+            self.pool.release([block])  # the others keep the old block; our reference moves
+            table.blocks[logical_block] = block = fresh
+            self.stats["cow_copies"] += 1
+        assert self.pool.ref_count(block) == 1, f"seq {seq_id!r} would write into shared block {block}"
+        return block
+
+    def drain_copies(self) -> list[tuple[int, int]]:
+        copies, self._copies = self._copies, []
+        return copies
+
+    def pending_copies(self) -> list[tuple[int, int]]:
+        return list(self._copies)
+
+    def _release(self, table: BlockTable) -> None:
+        super()._release(table)
+        if self._copies:  # a copy into a block that is free again would be wasted work
+            self._copies = [(src, dst) for src, dst in self._copies if not self.pool.is_free(dst)]
+
+    def snapshot(self) -> dict:
+        """Plain data for pictures and notebooks: each sequence's table and token count, each held
+        block's reference count and fill, and the copies not made yet."""
+        bs = self.block_size
+        fill: dict[int, int] = {}
+        for table in self._seqs.values():
+            for i, block in enumerate(table.blocks):
+                fill[block] = max(fill.get(block, 0), min(max(table.num_tokens - i * bs, 0), bs))
+        return {"block_size": bs, "num_blocks": self.num_blocks,
+                "tables": {seq_id: list(t.blocks) for seq_id, t in self._seqs.items()},
+                "tokens": {seq_id: t.num_tokens for seq_id, t in self._seqs.items()},
+                "refs": {b: self.pool.ref_count(b) for b in sorted(fill)}, "fill": dict(sorted(fill.items())),
+                "copies": list(self._copies)}
+
+    # ---- accounting -------------------------------------------------------------------------
+
+    def _holders(self) -> Counter:
+        holders: Counter = Counter()
+        for table in self._seqs.values():
+            holders.update(table.blocks)
+        return holders
+
+    def sharing(self) -> Sharing:
+        holders = self._holders()
+        return Sharing(physical_blocks=len(holders), logical_blocks=sum(holders.values()),
+                       shared_blocks=sum(count > 1 for count in holders.values()))
+
+    def usage(self, head=None) -> Usage:
+        """Like every policy's usage, but a shared block counts once. Its empty tail counts as
+        internal fragmentation: nobody will write into it in place (they would copy it first)."""
+        bs = self.block_size
+        tokens = reserved = internal = 0
+        shared_fill: dict[int, int] = {}
+        for table in self._seqs.values():
+            will_fill = max(table.final_len, table.num_tokens)
+            for i, block in enumerate(table.blocks):
+                fill = min(max(table.num_tokens - i * bs, 0), bs)
+                if self.pool.ref_count(block) > 1:
+                    shared_fill[block] = max(shared_fill.get(block, 0), fill)
+                    continue
+                coming = min(max(will_fill - i * bs, 0), bs) - fill
+                tokens += fill
+                reserved += coming
+                internal += bs - fill - coming
+        tokens += sum(shared_fill.values())
+        internal += sum(bs - fill for fill in shared_fill.values())
+        free = self.pool.num_free * bs  # external is zero: any free block serves anyone
+        return Usage(self.num_slots, tokens, reserved, internal, 0, free, len(self._seqs))
+
+    # ---- invariants -------------------------------------------------------------------------
+
+    def _check_block_owners(self, holders: Counter) -> None:
+        """A block may sit in several tables, but then its count says exactly how many."""
+        wrong = [(b, n, self.pool.ref_count(b)) for b, n in holders.items() if self.pool.ref_count(b) != n]
+        assert not wrong, f"(block, tables holding it, reference count) disagree: {wrong[:8]}"
+
+    def _check_table(self, seq_id, table: BlockTable) -> None:
+        super()._check_table(seq_id, table)
+        assert len(set(table.blocks)) == len(table.blocks), f"seq {seq_id!r} holds a block twice"
+
+    def _check_shared_fill(self) -> None:
+        """Every holder of a shared block sees the same tokens in it (nobody wrote in place)."""
+        bs, fills = self.block_size, {}
+        for seq_id, table in self._seqs.items():
+            for i, block in enumerate(table.blocks):
+                if self.pool.ref_count(block) > 1:
+                    fill = min(max(table.num_tokens - i * bs, 0), bs)
+                    first = fills.setdefault(block, (seq_id, fill))
+                    assert first[1] == fill, (f"shared block {block} holds {first[1]} tokens for seq "
+                                              f"{first[0]!r} but {fill} for seq {seq_id!r}")
+
+    def check_invariants(self) -> None:
+        super().check_invariants()
+        self._check_shared_fill()
+        for src, dst in self._copies:
+            assert self.pool.ref_count(dst) == 1, f"pending copy {src} -> {dst}: destination must have one holder"
+        usage = self.usage()
+        assert usage.tokens + usage.reserved + usage.internal == (self.num_blocks - self.pool.num_free) * \
+            self.block_size, f"usage does not add up to the blocks in use: {usage}"
+

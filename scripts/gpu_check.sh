@@ -43,7 +43,7 @@ step() {
 }
 
 say "gpu_check $(date -u +%FT%TZ), budget ${BUDGET_S}s, python $PY"
-step env 30 5 bash -c "nvidia-smi; $PY -c 'import torch, numba, numba.cuda as c; \
+step env 30 5 bash -c "git log -1 --oneline 2>/dev/null; nvidia-smi; $PY -c 'import torch, numba, numba.cuda as c; \
 print(\"torch\", torch.__version__, \"cuda\", torch.version.cuda, torch.cuda.get_device_name()); \
 print(\"numba\", numba.__version__, \"simulator\", numba.config.ENABLE_CUDASIM); c.detect()'; \
 $PY -m pip list 2>/dev/null | grep -i -E 'numba|cuda|torch|pytest'"

@@ -113,11 +113,14 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="benchmarks (each prints ratios measured in one run)",
                            description="Benchmarks. Each one measures its alternatives side by side.")
     bench_sub = bench.add_subparsers(dest="bench", required=True, metavar="BENCHMARK")
+    from minipaged.attention import bench_kernels
     from minipaged.bench import kv_cache, roofline
 
     for name, module, text in [
         ("cache", kv_cache, "chapter 00: decode tokens/s with the KV cache vs full recomputation"),
         ("roofline", roofline, "chapter 00: FLOPs vs bytes of a decode step, against this CPU's peaks"),
+        ("kernel", bench_kernels, "chapter 10: numba PagedAttention kernels vs reference vs SDPA "
+                                  "(needs a GPU; --roofline works without)"),
     ]:
         b = bench_sub.add_parser(name, help=text, description=module.__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -15,6 +15,7 @@ What goes where (everything generated lives under build/docs/, the site under si
     notebooks/NN_slug.ipynb        -> notebooks/NN_slug.ipynb, executed with nbclient (cached in
                                       build/docs/executed/ until the notebook or minipaged/ changes)
     docs/pages/*.md                -> *.md (site-level pages, e.g. about.md)
+    docs/stylesheets/              -> stylesheets/ (the theme's extra CSS)
     minipaged/**/*.py              -> code/minipaged/**.py.md (the source, highlighted, line-numbered)
     any other repository file a page links to: a markdown page is included as is, a text file gets a
     code page, a folder gets a listing, anything else is copied.
@@ -48,6 +49,7 @@ SRC = BUILD / "src"  # mkdocs' docs_dir: the assembled pages
 EXECUTED = BUILD / "executed"  # executed notebooks, reused while their inputs are unchanged
 SITE = ROOT / "site"
 PAGES = ROOT / "docs" / "pages"
+STYLESHEETS = ROOT / "docs" / "stylesheets"  # copied to the site as stylesheets/ (see extra_css in mkdocs.yml)
 KERNEL_NAME = "minipaged-docs"
 
 NUMBERED = re.compile(r"^(\d+)_(.+)$")
@@ -56,6 +58,14 @@ TEXT_SUFFIXES = {".py", ".toml", ".txt", ".cfg", ".ini", ".yml", ".yaml", ".json
 LEXERS = {".py": "python", ".toml": "toml", ".yml": "yaml", ".yaml": "yaml", ".json": "json", ".sh": "bash",
           ".cfg": "ini", ".ini": "ini"}
 MAX_CODE_PAGE_BYTES = 300_000
+
+
+def rel(path: Path) -> str:
+    """A path for messages: relative to the repository when inside it."""
+    try:
+        return path.relative_to(ROOT).as_posix()
+    except ValueError:
+        return str(path)
 
 
 def log(msg: str) -> None:
@@ -163,8 +173,7 @@ def execute_notebook(nb_path: Path, timeout: int):
         failed = EXECUTED / "failed" / nb_path.name
         failed.parent.mkdir(parents=True, exist_ok=True)
         nbformat.write(nb, failed)
-        raise BuildError(f"{nb_path.relative_to(ROOT)} failed (the partly executed notebook is in "
-                         f"{failed.relative_to(ROOT)}):\n{e}") from None
+        raise BuildError(f"{rel(nb_path)} failed (the partly executed notebook is in {rel(failed)}):\n{e}") from None
     seconds = time.perf_counter() - t0
     nb.metadata["minipaged_docs"] = {"inputs_sha256": inputs_hash(nb_path), "seconds": round(seconds, 1)}
     return nb, seconds
@@ -178,26 +187,26 @@ def notebook_for_site(nb_path: Path, mode: str, timeout: int, force: bool) -> Pa
     import nbformat
 
     cached = EXECUTED / nb_path.name
-    rel = nb_path.relative_to(ROOT)
+    rel_path = rel(nb_path)
     if cached.exists() and not force:
         meta = nbformat.read(cached, as_version=4).metadata.get("minipaged_docs", {})
         if meta.get("inputs_sha256") == inputs_hash(nb_path):
-            log(f"{rel}: unchanged since it was last executed; using build/docs/executed/{nb_path.name}")
+            log(f"{rel_path}: unchanged since it was last executed; using build/docs/executed/{nb_path.name}")
             return cached
     if mode != "execute":
-        log(f"{rel}: not executed (rendered as it is, without outputs)")
+        log(f"{rel_path}: not executed (rendered as it is, without outputs)")
         return nb_path
-    log(f"{rel}: executing (cell timeout {timeout} s) ...")
+    log(f"{rel_path}: executing (cell timeout {timeout} s) ...")
     nb, seconds = execute_notebook(nb_path, timeout)
     cached.parent.mkdir(parents=True, exist_ok=True)
     nbformat.write(nb, cached)
-    log(f"{rel}: executed in {seconds:.0f} s")
+    log(f"{rel_path}: executed in {seconds:.0f} s")
     return cached
 
 
 # ------------------------------------------------------------------------------------------ the site
 LINK = re.compile(r"(!?\[(?:[^\[\]]|\[[^\]]*\])*\]\()(<[^>]*>|[^)\s]+)((?:\s+\"[^\"]*\")?\))")
-REF_LINK = re.compile(r"^( {0,3}\[[^\]]+\]:\s*)(\S+)(.*)$", re.M)
+REF_LINK = re.compile(r"^( {0,3}\[(?!\^)[^\]]+\]:\s*)(\S+)(.*)$", re.M)  # not footnotes [^1]:
 HTML_LINK = re.compile(r"""(\b(?:src|href)=)(["'])([^"']+)\2""")
 FENCE = re.compile(r"^( {0,3})(`{3,}|~{3,})")
 LINE_ANCHOR = re.compile(r"^L(\d+)(?:-L\d+)?$")
@@ -481,6 +490,9 @@ def assemble(chapters: list[Chapter], notebook_files: dict[Path, Path]) -> tuple
         site_path = page.name
         site.add_markdown(page.relative_to(ROOT).as_posix(), site_path)
         nav.append({first_heading(page.read_text(encoding="utf-8")) or page.stem: site_path})
+
+    if STYLESHEETS.exists():
+        shutil.copytree(STYLESHEETS, SRC / "stylesheets")
 
     (SRC / "code").mkdir(exist_ok=True)
     (SRC / "code" / "index.md").write_text(code_index(site), encoding="utf-8")

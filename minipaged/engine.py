@@ -57,13 +57,14 @@ class NaiveEngine:
         kv = PerRequestKVCache(self.model.config.num_layers) if self.use_cache else NoCache()
         logits = self._forward(seq.prompt_ids, 0, kv if self.use_cache else NoCache())
         next_token(seq, logits, generator, self.tokenizer)
-        t0 = time.perf_counter()
+        t0 = seq.first_token_time = time.perf_counter()
         while not seq.finished:
             if self.use_cache:  # feed only the newest token; K/V of the others are cached
                 logits = self._forward(seq.output_ids[-1:], seq.num_tokens - 1, kv)
             else:  # recompute everything from the first token
                 logits = self._forward(seq.all_ids, 0, NoCache())
             next_token(seq, logits, generator, self.tokenizer)
-        self.stats["decode_seconds"] += time.perf_counter() - t0
+        seq.finished_time = time.perf_counter()
+        self.stats["decode_seconds"] += seq.finished_time - t0
         self.stats["decode_tokens"] += len(seq.output_ids) - 1
         return seq

@@ -18,6 +18,7 @@ Not handled yet: streaming, async serving, LoRA, multi-modal prompts.
 from __future__ import annotations
 
 import itertools
+import time
 
 from minipaged.engine import NaiveEngine
 from minipaged.kv.factory import ALL_POLICIES, make_policy
@@ -28,6 +29,28 @@ from minipaged.sampling_params import SamplingParams
 from minipaged.sequence import Sequence
 
 KV_POLICIES = ("per_request", *ALL_POLICIES)
+
+
+def _metrics(group) -> dict:
+    """vLLM's RequestOutput.metrics fields (time.perf_counter() seconds): when the request arrived,
+    when its first token came and when its last sample finished."""
+    firsts = [s.first_token_time for s in group if s.first_token_time is not None]
+    ends = [s.finished_time for s in group if s.finished_time is not None]
+    return {"arrival_time": group[0].arrival_time, "first_token_time": min(firsts) if firsts else None,
+            "finished_time": max(ends) if len(ends) == len(group) else None}
+
+
+def _check_scheduling(scheduler, preemption_mode, max_num_batched_tokens, swap_space_tokens) -> None:
+    from minipaged.scheduler import PREEMPTION_MODES, SCHEDULERS
+
+    if scheduler not in SCHEDULERS:
+        raise ValueError(f"scheduler={scheduler!r} is not known; choose one of {list(SCHEDULERS)}")
+    if preemption_mode not in PREEMPTION_MODES:
+        raise ValueError(f"preemption_mode={preemption_mode!r} is not known; choose one of {list(PREEMPTION_MODES)}")
+    for name, value in (("max_num_batched_tokens", max_num_batched_tokens), ("swap_space_tokens", swap_space_tokens)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0
+                                  or (name == "max_num_batched_tokens" and value < 1)):
+            raise ValueError(f"{name}={value!r} must be a positive integer or None")
 
 
 class LLM:
@@ -52,6 +75,17 @@ class LLM:
             "pow2" (next power of two of prompt + max_tokens) or "oracle" (prompt + max_tokens).
         attention_backend: "torch" (the reference) or "numba" (chapter 10's kernels).
         max_num_seqs: most sequences running at once (pooled policies).
+        scheduler: (chapter 06, pooled policies) "continuous" (default: requests join and leave the
+            running batch at every step) or "static" (a batch runs until its longest request ends).
+        preemption_mode: what happens to the newest request when the pool runs dry mid-decode:
+            "recompute" (free its blocks, prefill it again later) or "swap" (copy its blocks to a
+            CPU swap space and back).
+        max_num_batched_tokens: most new tokens in one step (None: no limit); a step with nothing
+            else in it always takes the next prompt whole.
+        swap_space_tokens: size of the CPU swap space in token slots (default: kv_capacity_tokens
+            with preemption_mode="swap", else 0).
+        watermark: fraction of the pool that admission keeps free for the running sequences to grow
+            into (on_demand and shared; default 0.01).
         use_cache: False recomputes every token's K and V at every step (the oracle for caching).
         max_model_len: longest prompt + output allowed (default: the model's context length).
         device: torch device for the model.
@@ -61,9 +95,12 @@ class LLM:
                  kv_policy: str = "per_request", block_size: int = 16, kv_capacity_tokens: int = 8192,
                  reservation: str = "max", attention_backend: str = "torch", max_num_seqs: int = 64,
                  use_cache: bool = True, max_model_len: int | None = None, device: str = "cpu",
-                 progress: bool = True):
+                 progress: bool = True, scheduler: str = "continuous", preemption_mode: str = "recompute",
+                 max_num_batched_tokens: int | None = None, swap_space_tokens: int | None = None,
+                 watermark: float = 0.01):
         if kv_policy not in KV_POLICIES:
             raise ValueError(f"kv_policy={kv_policy!r} is not known; choose one of {list(KV_POLICIES)}")
+        _check_scheduling(scheduler, preemption_mode, max_num_batched_tokens, swap_space_tokens)
         loaded = load_model(model, dtype=dtype, seed=seed, progress=progress, device=device)
         self.model, self.tokenizer, self.config = loaded.model, loaded.tokenizer, loaded.config
         if max_model_len is not None and not 1 < max_model_len <= self.config.max_model_len:
@@ -78,10 +115,19 @@ class LLM:
 
             if not isinstance(max_num_seqs, int) or max_num_seqs < 1:
                 raise ValueError(f"max_num_seqs={max_num_seqs!r} must be an integer >= 1")
+            options = {"watermark": watermark} if kv_policy in ("on_demand", "shared") else {}
             policy = make_policy(kv_policy, num_slots=kv_capacity_tokens, block_size=block_size,
-                                 max_model_len=self.max_model_len, reservation=reservation)
+                                 max_model_len=self.max_model_len, reservation=reservation, **options)
+            if swap_space_tokens is None:
+                swap_space_tokens = kv_capacity_tokens if preemption_mode == "swap" else 0
+            if preemption_mode == "swap" and swap_space_tokens < block_size:
+                raise ValueError(f"swap_space_tokens={swap_space_tokens} cannot hold one block of {block_size} "
+                                 "tokens; preemption_mode='swap' needs a swap space")
             self.engine = PagedEngine(self.model, self.tokenizer, policy, attention_backend=attention_backend,
-                                      max_num_seqs=max_num_seqs)
+                                      max_num_seqs=max_num_seqs, scheduler=scheduler,
+                                      preemption_mode=preemption_mode,
+                                      max_num_batched_tokens=max_num_batched_tokens,
+                                      swap_space_tokens=swap_space_tokens)
         self._request_ids = itertools.count()
         self._seq_ids = itertools.count()
 
@@ -143,10 +189,11 @@ class LLM:
 
         requests, params = self._normalize(prompts, sampling_params)
         eos = self.tokenizer.eos_token_id
-        groups = []  # one list of Sequences per request
+        groups, now = [], time.perf_counter()  # one list of Sequences per request
         for (_, ids), p in zip(requests, params):
             groups.append([Sequence(seq_id=next(self._seq_ids), prompt_ids=ids, params=p, index=index,
-                                    eos_token_id=eos, max_model_len=self.max_model_len) for index in range(p.n)])
+                                    eos_token_id=eos, max_model_len=self.max_model_len, arrival_time=now)
+                           for index in range(p.n)])
         generators = {seq.seq_id: make_generator(sample_seed(seq.params.seed, seq.index))
                       for group in groups for seq in group}
         bar = tqdm(total=len(groups), desc="generating", unit="prompt", disable=not use_tqdm)
@@ -168,7 +215,8 @@ class LLM:
             else:
                 self.engine.run([seq for group in groups for seq in group], generators, on_finish)
         bar.close()
-        return [RequestOutput(str(next(self._request_ids)), text, ids, [seq.to_output() for seq in group])
+        return [RequestOutput(str(next(self._request_ids)), text, ids, [seq.to_output() for seq in group],
+                              metrics=_metrics(group))
                 for (text, ids), group in zip(requests, groups)]
 
     def beam_search(self, prompts, params, use_tqdm: bool = False):

@@ -1,51 +1,54 @@
-"""The engine for pooled KV memory (chapters 01-05): many sequences per forward pass, K/V in a pool.
+"""The engine for pooled KV memory (chapters 01-06): many sequences per forward pass, K/V in a pool.
 
-Each step:
+The engine executes; a scheduler decides (minipaged/scheduler/). Each step:
 
-    1. admit waiting sequences, first come first served, while the KV policy has room for them
-       (a request that could never fit, even in an empty pool, is refused with the policy's reason);
-    2. ask the policy for a slot for every token whose K/V is not cached yet: the whole prompt for a
-       newly admitted sequence (prefill), one token for a running one (decode);
-    3. make the block copies the policy asked for (copy-on-write, chapter 05), then run the model once
-       over all those tokens; attention reads each sequence's K/V through its block table
-       (kv/paged_cache.py);
-    4. sample one token per sequence; free the KV memory of the ones that finished.
-
-If the pool runs dry mid-decode (only possible when blocks are allocated on demand), the most
-recently admitted sequence is preempted: its memory is freed and it goes back to the front of the
-queue, to be prefilled again later with everything it had generated (recompute). Chapter 06 turns
-this into a real scheduler with swapping, watermarks and token budgets; admission (``_admit``),
-slot reservation and preemption (``_reserve_slots``, ``_preempt``), the forward pass (``forward``)
-and sampling (``_sample``) are separate methods so that it can replace the first three alone.
+    1. the scheduler plans the step (``schedule() -> StepPlan``): which requests run, and for every
+       token whose K/V is not cached yet (a whole prompt for a newly admitted request, one token for
+       a running one) a slot from the KV policy. Admission, the watermark, the token budget and
+       preemption (recompute, or swap to CPU memory) all happen there;
+    2. the engine makes the block copies the plan and the policy ask for, in this order: swap-outs
+       (device -> CPU), swap-ins (CPU -> device), copies on write (chapter 05); then it runs the
+       model once over all the planned tokens; attention reads each sequence's K/V through its block
+       table (kv/paged_cache.py);
+    3. it samples one token per sequence and tells the scheduler which sequences finished, so their
+       memory serves someone else at the very next step.
 
 Parallel sampling with a sharing policy (chapter 05). ``run(..., forks={parent: [children]})``
-makes the children wait beside their parent instead of in the queue. When the parent's prompt has
+makes the children wait beside their parent, in the parent's request. When the parent's prompt has
 been prefilled, each child is forked from it (``policy.fork``: same blocks, no copy) and samples
 its own first token from the parent's prompt logits with its own generator. From then on every
-sample is an ordinary sequence; the first write into the shared, partly filled last prompt block is
-copied on write. A preempted sample comes back as an ordinary, unshared sequence (recompute).
+sample is an ordinary sequence of the request; the first write into the shared, partly filled last
+prompt block is copied on write.
 
-Whatever the policy, the math per sequence is the same, so greedy outputs match the per-request
-engine whenever the batch is the same.
+The default scheduler is "continuous" with recompute, which is what chapters 01-05 ran: admission at
+every step, the newest request preempted when the pool runs dry. Whatever the policy or scheduler,
+the math per sequence is the same, so greedy outputs match the per-request engine whenever the batch
+is the same.
 
-Not handled here: swapping (06), prefix caching (07), chunked prefill (08). Beam search drives this
-engine's ``forward`` from minipaged/beam_search.py.
+Timing (``stats``): each step's wall time and the model's forward time within it, so a benchmark
+can report the engine's own bookkeeping (everything but the forward pass) as a fraction of the step.
+
+Not handled here: prefix caching (07), chunked prefill (08). Beam search drives this engine's
+``forward`` from minipaged/beam_search.py with a loop of its own.
 """
 
 from __future__ import annotations
 
-from collections import deque
+import time
 
 import torch
 
 from minipaged.engine import next_token
-from minipaged.kv.base import NoFreeMemory
-from minipaged.kv.paged_cache import PagedBatch, PagedKVCache
+from minipaged.kv.paged_cache import PagedBatch, PagedKVCache, SwapKVCache, copy_blocks
+from minipaged.kv.swap import SwapSpace
+from minipaged.scheduler import make_scheduler
 from minipaged.sequence import Sequence
 
 
 class PagedEngine:
-    def __init__(self, model, tokenizer, policy, attention_backend: str = "torch", max_num_seqs: int = 64):
+    def __init__(self, model, tokenizer, policy, attention_backend: str = "torch", max_num_seqs: int = 64,
+                 scheduler: str = "continuous", preemption_mode: str = "recompute",
+                 max_num_batched_tokens: int | None = None, swap_space_tokens: int = 0):
         cfg = model.config
         self.model, self.tokenizer, self.policy = model, tokenizer, policy
         self.cache = PagedKVCache(cfg, policy.num_blocks, policy.block_size, model.dtype, model.device)
@@ -53,88 +56,45 @@ class PagedEngine:
         self.max_num_seqs = max_num_seqs
         self.stats = {"steps": 0, "forward_passes": 0, "tokens_computed": 0, "preemptions": 0,
                       "refused": 0, "max_running": 0, "usage": [], "forks": 0, "block_copies": 0,
-                      "blocks_physical": [], "blocks_logical": []}
-        self._children: dict[int, list[Sequence]] = {}  # parent seq_id -> samples waiting to fork from it
+                      "blocks_physical": [], "blocks_logical": [], "batch_sizes": [], "blocks_used": [],
+                      "step_seconds": [], "forward_seconds": [], "swap_seconds": 0.0}
+        swap_blocks = swap_space_tokens // policy.block_size
+        self.swap_space = SwapSpace(swap_blocks, policy.block_size) if swap_blocks and hasattr(policy, "detach") \
+            else None
+        self.swap_cache = SwapKVCache(cfg, swap_blocks, policy.block_size, model.dtype) if self.swap_space else None
+        self.scheduler_name, self.preemption_mode = scheduler, preemption_mode
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.scheduler = self._new_scheduler()
+
+    def _new_scheduler(self):
+        return make_scheduler(self.scheduler_name, self.policy, max_num_seqs=self.max_num_seqs,
+                              max_num_batched_tokens=self.max_num_batched_tokens,
+                              preemption_mode=self.preemption_mode, swap_space=self.swap_space, stats=self.stats)
 
     @property
     def kv(self):
         return self.policy
 
-    # ---- 1. admission -----------------------------------------------------------------------
-
-    def _refuse(self, seq: Sequence, reason: str) -> list[Sequence]:
-        """Refuse seq and the samples waiting to fork from it."""
-        refused = [seq, *self._children.pop(seq.seq_id, [])]
-        for s in refused:
-            s.finish_reason, s.stop_reason = "abort", f"refused: {reason}"
-        self.stats["refused"] += len(refused)
-        return refused
-
-    def _admit(self, waiting: deque, running: list) -> list[Sequence]:
-        """Admit from the head of the queue while the policy has room; return the refused ones."""
-        refused = []
-        while waiting:
-            seq = waiting[0]
-            family = 1 + len(self._children.get(seq.seq_id, ()))  # forked samples run beside it
-            if running and len(running) + family > self.max_num_seqs:
-                break
-            prompt_len = seq.num_tokens  # after a preemption, its outputs are prefilled again too
-            remaining = seq.max_new_tokens - len(seq.output_ids)
-            try:
-                if not self.policy.can_allocate(prompt_len, remaining):
-                    break  # first come, first served: nobody jumps the queue
-                self.policy.allocate(seq.seq_id, prompt_len, remaining)
-            except ValueError as e:  # can never fit: refuse this one, keep serving the others
-                waiting.popleft()
-                refused += self._refuse(seq, str(e))
-                continue
-            running.append(waiting.popleft())
-        return refused
-
-    # ---- 2. slots, and preemption when there are none ----------------------------------------
-
-    def _preempt(self, running: list, waiting: deque) -> Sequence:
-        """The newest sequence gives its memory back and waits at the front of the queue."""
-        victim = running.pop()
-        self.policy.free(victim.seq_id)
-        waiting.appendleft(victim)
-        self.stats["preemptions"] += 1
-        return victim
-
-    def _reserve_slots(self, running: list, waiting: deque):
-        """Slots for every uncached token of every running sequence, preempting if the pool is dry.
-
-        Returns [(seq, tokens already cached, new tokens, their slots)] in running order.
-        """
-        plan, i = [], 0
-        while i < len(running):
-            seq = running[i]
-            cached = self.policy.num_tokens(seq.seq_id)
-            n_new = seq.num_tokens - cached
-            try:
-                plan.append((seq, cached, n_new, self.policy.append_slots(seq.seq_id, n_new)))
-                i += 1
-            except NoFreeMemory:
-                # The victim has not been planned yet (it sits at or after position i), so the plan
-                # stays valid; append_slots changed nothing when it raised.
-                self._preempt(running, waiting)
-        return plan
-
-    # ---- 3. the forward pass ----------------------------------------------------------------
+    # ---- block copies -----------------------------------------------------------------------
 
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
-        """Copy whole blocks src -> dst in every layer's K and V (copy-on-write, or a full fork)."""
-        if not copies:
-            return
-        device = self.cache.k[0].device
-        # Within one batch no destination is also a source (a copy's destination is a block just
-        # taken by one sequence), so gathering all sources before writing is the same as copying in order.
-        src = torch.tensor([s for s, _ in copies], dtype=torch.long, device=device)
-        dst = torch.tensor([d for _, d in copies], dtype=torch.long, device=device)
-        for layer in range(len(self.cache.k)):
-            self.cache.k[layer][dst] = self.cache.k[layer][src]  # [copies, block_size, KVH, Dh]
-            self.cache.v[layer][dst] = self.cache.v[layer][src]
+        """Copy whole blocks src -> dst in every layer's K and V (copy-on-write, or a full fork).
+        Within one batch no destination is also a source (a copy's destination is a block just taken
+        by one sequence), so gathering all sources before writing is the same as copying in order."""
+        copy_blocks(self.cache, self.cache, copies)
         self.stats["block_copies"] += len(copies)
+
+    def swap_blocks(self, swap_out: list[tuple[int, int]], swap_in: list[tuple[int, int]]) -> None:
+        """Device -> CPU copies first: a device block freed by a swap-out may already be promised
+        to someone else in this step, and its old contents must leave before anything lands there."""
+        if not swap_out and not swap_in:
+            return
+        start = time.perf_counter()
+        copy_blocks(self.cache, self.swap_cache, swap_out)
+        copy_blocks(self.swap_cache, self.cache, swap_in)
+        self.stats["swap_seconds"] += time.perf_counter() - start
+
+    # ---- the forward pass ----------------------------------------------------------------------
 
     def forward(self, work) -> torch.Tensor:
         """One forward pass. work: [(seq_id, token ids to compute, tokens already cached, their
@@ -152,52 +112,54 @@ class PagedEngine:
         device = self.model.device
         batch = PagedBatch(self.cache, slots, tables, context_lens, query_lens, self.backend)
         last_rows = torch.tensor(query_lens).cumsum(0) - 1  # each sequence's newest token
+        start = time.perf_counter()
         logits = self.model(torch.tensor(tokens, device=device), torch.tensor(positions, device=device),
                             batch, logits_rows=last_rows.to(device))  # [S, V]
+        if logits.is_cuda:
+            torch.cuda.synchronize()
+        self.stats["forward_seconds"].append(time.perf_counter() - start)
         self.stats["forward_passes"] += 1
         self.stats["tokens_computed"] += len(tokens)
         self.stats["max_running"] = max(self.stats["max_running"], len(work))
+        self.stats["batch_sizes"].append(len(work))
         self.stats["usage"].append(self.policy.usage().utilization)
+        if hasattr(self.policy, "pool"):
+            self.stats["blocks_used"].append(1 - self.policy.pool.num_free / self.policy.num_blocks)
         if self.policy.shares_blocks:
             sharing = self.policy.sharing()
             self.stats["blocks_physical"].append(sharing.physical_blocks)
             self.stats["blocks_logical"].append(sharing.logical_blocks)
         return logits
 
-    # ---- 4. sampling, forks and finishing ----------------------------------------------------
+    # ---- sampling and finishing ----------------------------------------------------------------
 
-    def _fork_children(self, parent: Sequence, running: list) -> list[Sequence]:
-        """Fork the samples waiting on parent, now that its prompt is cached (before it samples)."""
-        children = self._children.pop(parent.seq_id, [])
-        for child in children:
-            self.policy.fork(parent.seq_id, child.seq_id)
-            running.append(child)
-        self.stats["forks"] += len(children)
-        return children
-
-    def _sample(self, plan, logits, running: list, generators: dict) -> list[Sequence]:
-        finished = []
-        for (seq, *_), row in zip(plan, logits):
-            for s in [*self._fork_children(seq, running), seq]:  # forks first: seq may finish now
+    def _sample(self, plan, logits, generators: dict) -> list[Sequence]:
+        finished, now = [], time.perf_counter()
+        for work, row in zip(plan.work, logits):
+            seq = work.seq
+            for s in [*self.scheduler.fork_children(seq), seq]:  # forks first: seq may finish now
                 next_token(s, row, generators[s.seq_id], self.tokenizer)
+                if s.first_token_time is None:
+                    s.first_token_time = now
                 if s.finished:
-                    self.policy.free(s.seq_id)
-                    running.remove(s)
+                    s.finished_time = now
+                    self.scheduler.finish(s)
                     finished.append(s)
         return finished
 
-    def step(self, running: list, waiting: deque, generators: dict) -> list[Sequence]:
+    def step(self, generators: dict) -> list[Sequence]:
         """One engine step; returns the sequences that finished (or were refused) during it."""
-        finished = self._admit(waiting, running)
-        if not running:
+        start = time.perf_counter()
+        plan = self.scheduler.schedule()
+        finished = list(plan.refused)
+        if not plan.work:
             return finished
-        plan = self._reserve_slots(running, waiting)
-        if not plan:
-            return finished
-        logits = self.forward([(seq.seq_id, seq.all_ids[cached:], cached, slots)
-                               for seq, cached, _, slots in plan])
+        self.swap_blocks(plan.swap_out, plan.swap_in)
+        logits = self.forward([(w.seq.seq_id, w.seq.all_ids[w.cached:], w.cached, w.slots) for w in plan.work])
+        finished += self._sample(plan, logits, generators)
         self.stats["steps"] += 1
-        return finished + self._sample(plan, logits, running, generators)
+        self.stats["step_seconds"].append(time.perf_counter() - start)
+        return finished
 
     def run(self, seqs: list[Sequence], generators: dict, on_finish=None,
             forks: dict[int, list[Sequence]] | None = None) -> None:
@@ -208,15 +170,21 @@ class PagedEngine:
         """
         if forks and not self.policy.shares_blocks:
             raise ValueError(f"forks need a policy that shares blocks ('shared'), not {self.policy.label!r}")
-        self._children = {parent: list(children) for parent, children in (forks or {}).items() if children}
-        waiting, running = deque(seqs), []
-        try:
-            while waiting or running:
-                done = self.step(running, waiting, generators)
-                if not done and not running and waiting:
-                    raise RuntimeError(f"sequence {waiting[0].seq_id} can neither be admitted nor refused")
-                for seq in done:
-                    if on_finish:
-                        on_finish(seq)
-        finally:
-            self._children = {}
+        forks = forks or {}
+        self.scheduler = self._new_scheduler()
+        now = time.perf_counter()
+        for seq in seqs:
+            children = forks.get(seq.seq_id, [])
+            for s in [seq, *children]:
+                if s.arrival_time is None:
+                    s.arrival_time = now
+            self.scheduler.add(seq, children)
+        while self.scheduler.has_work():
+            passes = self.stats["forward_passes"]
+            done = self.step(generators)
+            if not done and self.stats["forward_passes"] == passes:  # nothing ran, nothing ended
+                head = (self.scheduler.waiting or self.scheduler.swapped or self.scheduler.running)[0]
+                raise RuntimeError(f"request {head.group_id} can neither be scheduled nor refused")
+            for seq in done:
+                if on_finish:
+                    on_finish(seq)

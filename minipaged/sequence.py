@@ -28,6 +28,10 @@ class Sequence:
     logprobs: list[dict[int, float]] = field(default_factory=list)
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    # when it arrived, got its first token and finished (time.perf_counter(); set by the engines)
+    arrival_time: float | None = None
+    first_token_time: float | None = None
+    finished_time: float | None = None
 
     @property
     def all_ids(self) -> list[int]:

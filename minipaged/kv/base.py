@@ -8,6 +8,7 @@ slots. The engine and the trace simulator drive every policy through the same ca
                                                                          reserves up front (no tokens yet)
     append_slots(seq_id, n) -> list[int]    room for the next n tokens: their physical slot indices
     can_append_slots(seq_id, n) -> bool     would append_slots succeed now? (a scheduler asks first)
+    can_append_all([(seq_id, n), ...])      the same for several sequences at once (a whole request)
     block_table(seq_id) -> list[int]        physical blocks in logical order, covering the tokens
     allocated_blocks(seq_id)                every block it holds, including reserved ones ahead
     num_tokens(seq_id) -> int
@@ -271,6 +272,11 @@ class KVPolicy:
     def can_append_slots(self, seq_id, n: int = 1) -> bool:
         """True if ``append_slots(seq_id, n)`` would succeed now (a scheduler asks before a step)."""
         raise NotImplementedError
+
+    def can_append_all(self, appends) -> bool:
+        """True if appending n tokens to each (seq_id, n) of ``appends``, in order, would succeed now
+        (a scheduler asks this for a whole request before it changes anything)."""
+        return all(self.can_append_slots(seq_id, n) for seq_id, n in appends)
 
     def drain_copies(self) -> list[tuple[int, int]]:
         """Block copies (src, dst) the engine must make in K and V before the next write, oldest first,

@@ -21,7 +21,8 @@ overrides ``_block_for_write`` (copy a shared block before writing into it) and
 ``_check_block_owners`` (a block may then sit in several tables); a scheduler preempts by ``free``
 and re-admits by ``allocate``.
 
-Not handled: sharing blocks between sequences, swapping blocks out to CPU memory.
+Not handled: sharing blocks between sequences. Swapping (chapter 06) uses ``detach`` / ``attach``:
+kv/swap.py moves the blocks' contents, this policy only hands over the table.
 """
 
 from __future__ import annotations
@@ -131,6 +132,30 @@ class BlockTablePolicy(KVPolicy):
 
     def allocated_blocks(self, seq_id) -> list[int]:
         return list(self._state(seq_id).blocks)
+
+    def blocks_needed(self, appends) -> int:
+        """Free blocks that appending ``n`` tokens to each ``(seq_id, n)`` of ``appends``, in order,
+        would take (a scheduler checks a whole request at once before it touches anything)."""
+        return sum(max(0, self._blocks_missing(self._check_append(seq_id, n), n)) for seq_id, n in appends)
+
+    def can_append_all(self, appends) -> bool:
+        needed = self.blocks_needed(appends)
+        return needed == 0 or self._can_grow(needed)
+
+    # ---- swapping (chapter 06: kv/swap.py moves the blocks, the policy only lets go of the books) ----
+
+    def detach(self, seq_id) -> BlockTable:
+        """Take the sequence out of the books with its block references still held: the caller now
+        owns them and must release them (``pool.release``) once their K/V is copied elsewhere."""
+        table = self._state(seq_id)
+        del self._seqs[seq_id]
+        return table
+
+    def attach(self, seq_id, table: BlockTable) -> None:
+        """Put a sequence back whose table holds references the caller took from this pool."""
+        if seq_id in self._seqs:
+            raise ValueError(f"seq_id={seq_id!r} is already allocated; free it first")
+        self._seqs[seq_id] = table
 
     # ---- invariants --------------------------------------------------------------------------
 

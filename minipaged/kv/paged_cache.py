@@ -13,7 +13,10 @@ slot mapping) and, per sequence, its block table, how many tokens it has cached 
 how many of those are new. `attend` writes the new K/V into their slots, then runs paged attention
 through the block tables with the chosen backend ("torch" is the reference; "numba" the kernels).
 
-Not handled: quantized KV, swapping blocks to CPU memory (chapter 06).
+Swapping (chapter 06) adds a second set of the same tensors in host memory, ``SwapKVCache``, and
+``copy_blocks(src_cache, dst_cache, pairs)`` to move whole blocks between the two.
+
+Not handled: quantized KV, overlapping the swap copies with compute.
 """
 
 from __future__ import annotations
@@ -59,3 +62,26 @@ class PagedBatch:
         self.cache.write(layer, self.slots, k, v)
         return paged_attention(q, self.cache.k[layer], self.cache.v[layer], self.block_tables,
                                self.context_lens, query_lens=self.query_lens, backend=self.backend)
+
+
+class SwapKVCache(PagedKVCache):
+    """The CPU side of swapping: the same layout, in host memory (pinned when there is a GPU, so the
+    copies can use DMA). Block numbers are those of kv/swap.py's SwapSpace."""
+
+    def __init__(self, cfg: ModelConfig, num_blocks: int, block_size: int, dtype=torch.float32):
+        super().__init__(cfg, num_blocks, block_size, dtype, "cpu")
+        if torch.cuda.is_available():
+            self.k = [t.pin_memory() for t in self.k]
+            self.v = [t.pin_memory() for t in self.v]
+
+
+def copy_blocks(src: PagedKVCache, dst: PagedKVCache, pairs: list[tuple[int, int]]) -> None:
+    """Copy whole blocks, every layer's K and V: block s of ``src`` to block d of ``dst`` for each
+    (s, d) in pairs. ``src`` and ``dst`` may be the same cache (copy-on-write) or two (swapping)."""
+    if not pairs:
+        return
+    from_blocks = torch.tensor([s for s, _ in pairs], dtype=torch.long, device=src.k[0].device)
+    to_blocks = torch.tensor([d for _, d in pairs], dtype=torch.long, device=dst.k[0].device)
+    for layer in range(len(src.k)):
+        dst.k[layer][to_blocks] = src.k[layer][from_blocks].to(dst.k[layer].device)  # [pairs, bs, KVH, Dh]
+        dst.v[layer][to_blocks] = src.v[layer][from_blocks].to(dst.v[layer].device)

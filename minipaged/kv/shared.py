@@ -163,6 +163,21 @@ class SharedPolicy(OnDemandPolicy):
         needed = max(0, self._blocks_missing(table, n)) + self._shared_blocks_written(table, n)
         return needed <= self.pool.num_free
 
+    def blocks_needed(self, appends) -> int:
+        """Growth plus copies on write for appending ``n`` tokens to each ``(seq_id, n)``, in order.
+
+        A block held by r tables and written by w of them this time costs min(w, r - 1) copies: each
+        writer copies while someone else still holds the block, and the last holder writes in place.
+        """
+        growth, writers = super().blocks_needed(appends), Counter()
+        for seq_id, n in appends:
+            table = self._state(seq_id)
+            if n:
+                first = table.num_tokens // self.block_size
+                last = min((table.num_tokens + n - 1) // self.block_size, len(table.blocks) - 1)
+                writers.update(table.blocks[first:last + 1])
+        return growth + sum(min(w, self.pool.ref_count(b) - 1) for b, w in writers.items())
+
     def append_slots(self, seq_id, n: int) -> list[int]:
         table = self._check_append(seq_id, n)
         growth = max(0, self._blocks_missing(table, n))

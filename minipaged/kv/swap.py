@@ -1,0 +1,121 @@
+"""Chapter 06: swap space, a second pool of KV blocks in CPU memory for preempted sequences.
+
+When the device pool runs dry mid-decode, a scheduler can preempt a request by *swapping* it: every
+block its sequences hold is copied to a free block of this CPU pool, the device blocks are freed,
+and later, when the device has room again, the blocks are copied back (into whatever device blocks
+are free then) and the request carries on exactly where it stopped. Nothing is recomputed; the price
+is the copying, twice, over the bus between the two memories.
+
+This module keeps only the books, like every policy: which CPU block holds which sequence's logical
+block. It returns the block copies to make, and the engine moves the K/V (kv/paged_cache.py):
+
+    can_swap_out(policy, seq_ids) -> bool       room here for every block the sequences hold?
+    swap_out(policy, seq_ids) -> [(dev, cpu)]   the sequences leave the policy's books and live here
+    can_swap_in(policy, seq_ids, keep_free=0)   room on the device, leaving keep_free blocks free?
+    swap_in(policy, seq_ids) -> [(cpu, dev)]    back into the policy, in fresh device blocks
+
+A request's sequences move together. Blocks that several of them share (parallel samples share the
+prompt, chapter 05) are copied **once** and stay shared on both sides: this pool counts references
+like the device pool does, so a block held by three sequences is one CPU block with count 3, and one
+device block with count 3 again after the swap-in. Sharing saves swap traffic as well as memory.
+
+The copies must happen in the engine in this order, before the forward pass writes anything:
+swap-outs (device -> CPU), swap-ins (CPU -> device), then copies on write. A device block freed by a
+swap-out can be handed to someone else in the same step; its old contents leave first.
+
+Works with the block-table policies (block_table, on_demand, shared), which can ``detach`` a
+sequence's table and ``attach`` one back. Not handled: partial swapping (a request moves whole),
+swapping to disk.
+"""
+
+from __future__ import annotations
+
+from minipaged.kv.block_table import BlockTable
+from minipaged.kv.shared import RefCountedBlockPool
+
+
+class SwapSpace:
+    def __init__(self, num_blocks: int, block_size: int):
+        self.pool = RefCountedBlockPool(num_blocks)
+        self.num_blocks, self.block_size = num_blocks, block_size
+        self._tables: dict = {}  # seq_id -> BlockTable whose blocks are CPU block numbers
+        self.stats = {"swap_outs": 0, "swap_ins": 0, "blocks_out": 0, "blocks_in": 0}
+
+    def holds(self, seq_id) -> bool:
+        return seq_id in self._tables
+
+    def seq_ids(self) -> list:
+        return list(self._tables)
+
+    def blocks_to_swap_out(self, policy, seq_ids) -> int:
+        """Distinct device blocks the sequences hold (a shared one counts once)."""
+        return len({b for s in seq_ids for b in policy.allocated_blocks(s)})
+
+    def can_swap_out(self, policy, seq_ids) -> bool:
+        return self.blocks_to_swap_out(policy, seq_ids) <= self.pool.num_free
+
+    def swap_out(self, policy, seq_ids) -> list[tuple[int, int]]:
+        """Move the sequences here. Returns the (device block, CPU block) copies to make, one per
+        distinct device block. Raises ValueError (nothing changed) if this pool is too small."""
+        seq_ids = list(seq_ids)
+        if any(self.holds(s) for s in seq_ids):
+            raise ValueError(f"some of seq_ids={seq_ids!r} are swapped out already")
+        needed = self.blocks_to_swap_out(policy, seq_ids)
+        if needed > self.pool.num_free:
+            raise ValueError(f"swap space has {self.pool.num_free} free blocks; these sequences hold {needed}")
+        tables = {s: policy.detach(s) for s in seq_ids}
+        to_cpu: dict[int, int] = {}
+        for seq_id, table in tables.items():
+            cpu_blocks = []
+            for block in table.blocks:
+                if block in to_cpu:
+                    self.pool.share([to_cpu[block]])
+                else:
+                    (to_cpu[block],) = self.pool.take(1)
+                cpu_blocks.append(to_cpu[block])
+            policy.pool.release(table.blocks)  # the device copy may be reused once its K/V has left
+            self._tables[seq_id] = BlockTable(table.prompt_len, table.max_new_tokens, table.final_len,
+                                              num_tokens=table.num_tokens, blocks=cpu_blocks)
+        self.stats["swap_outs"] += 1
+        self.stats["blocks_out"] += len(to_cpu)
+        return list(to_cpu.items())
+
+    def blocks_to_swap_in(self, seq_ids) -> int:
+        return len({b for s in seq_ids for b in self._tables[s].blocks})
+
+    def can_swap_in(self, policy, seq_ids, keep_free: int = 0) -> bool:
+        return self.blocks_to_swap_in(seq_ids) + keep_free <= policy.pool.num_free
+
+    def swap_in(self, policy, seq_ids) -> list[tuple[int, int]]:
+        """Move the sequences back into the policy. Returns the (CPU block, device block) copies.
+        Raises NoFreeMemory (nothing changed) if the device pool has too few free blocks."""
+        seq_ids = list(seq_ids)
+        needed = self.blocks_to_swap_in(seq_ids)
+        fresh = policy.pool.take(needed)  # all or nothing: NoFreeMemory before anything changes
+        to_device: dict[int, int] = {}
+        for seq_id in seq_ids:
+            table = self._tables.pop(seq_id)
+            device_blocks = []
+            for block in table.blocks:
+                if block in to_device:
+                    policy.pool.share([to_device[block]])
+                else:
+                    to_device[block] = fresh.pop()
+                device_blocks.append(to_device[block])
+            self.pool.release(table.blocks)
+            policy.attach(seq_id, BlockTable(table.prompt_len, table.max_new_tokens, table.final_len,
+                                             num_tokens=table.num_tokens, blocks=device_blocks))
+        self.stats["swap_ins"] += 1
+        self.stats["blocks_in"] += len(to_device)
+        return list(to_device.items())
+
+    def check_invariants(self) -> None:
+        """A CPU block's count equals the tables here that hold it; nothing else is held."""
+        self.pool.check_invariants()
+        holders: dict[int, int] = {}
+        for table in self._tables.values():
+            for block in table.blocks:
+                holders[block] = holders.get(block, 0) + 1
+        wrong = [(b, n, self.pool.ref_count(b)) for b, n in holders.items() if self.pool.ref_count(b) != n]
+        assert not wrong, f"swap space: (block, tables holding it, reference count) disagree: {wrong[:8]}"
+        assert len(holders) + self.pool.num_free == self.num_blocks, "swap space: a CPU block leaked"

@@ -1,0 +1,275 @@
+"""Chapter 06: continuous (iteration-level) batching, with preemption by recompute or by swap.
+
+A static batcher picks a batch, runs it until its longest request ends, then picks the next. This
+scheduler decides again at **every step** (every forward pass), in three moves:
+
+    1. running requests, oldest first, get room for their next token. If the pool has no block for a
+       request, the newest running request is preempted to make room (last come, first out);
+    2. if nobody was preempted this step, swapped-out requests come back, oldest first, while the
+       pool has room for them and their next token (plus the watermark);
+    3. if nobody was preempted and nothing is left swapped out, waiting requests are admitted, first
+       come first served, while the KV policy has room (its own watermark included), the running
+       sequences stay within ``max_num_seqs`` and the step's tokens within ``max_num_batched_tokens``.
+
+A finished request leaves at once, so its blocks serve a waiting one at the very next step.
+
+Preemption, by ``preemption_mode``:
+    "recompute"  free the request's blocks and put it back at the head of the queue; when it is
+                 admitted again its prompt *and* everything it generated are prefilled as one
+                 prompt. Cheap in memory, costs compute. A request of several samples comes back
+                 as one request per sample (each re-prefilled on its own, no longer sharing).
+    "swap"       copy the request's blocks to the CPU swap space (kv/swap.py; shared blocks once)
+                 and free them; swap them back in later. Costs two copies, no compute. If the swap
+                 space cannot hold the request, it is recomputed instead (``swap_fallbacks``).
+
+Nothing starves: preempted requests return before anything new is admitted, in their original
+order. A request that could never fit (longer than the whole pool, or whose samples together could
+outgrow it) is refused with the reason when it reaches the head of the queue, and the others go on.
+
+The token budget: a step's new tokens stay within ``max_num_batched_tokens``, except that a step
+with nothing else in it always takes the head of the queue whole, so a long prompt is never starved
+(chapter 08 splits such prompts into chunks instead).
+
+Not handled: priorities, chunked prefill (08), prefix-cache-aware admission (07).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+
+from minipaged.kv.base import NoFreeMemory, blocks_for
+from minipaged.scheduler.plan import Group, ScheduledSeq, StepPlan
+
+PREEMPTION_MODES = ("recompute", "swap")
+
+
+class ContinuousScheduler:
+    name = "continuous"
+
+    def __init__(self, policy, *, max_num_seqs: int = 64, max_num_batched_tokens: int | None = None,
+                 preemption_mode: str = "recompute", swap_space=None, stats: dict | None = None):
+        if preemption_mode not in PREEMPTION_MODES:
+            raise ValueError(f"preemption_mode={preemption_mode!r} is not known; "
+                             f"choose one of {list(PREEMPTION_MODES)}")
+        if preemption_mode == "swap" and swap_space is None:
+            raise ValueError("preemption_mode='swap' needs a swap space (swap_space_tokens > 0)")
+        self.policy, self.swap_space = policy, swap_space
+        self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
+        self.preemption_mode = preemption_mode
+        self.waiting: deque[Group] = deque()
+        self.running: list[Group] = []  # in admission order: the newest is preempted first
+        self.swapped: deque[Group] = deque()
+        self.stats = stats if stats is not None else {}
+        for key in ("preemptions", "preempted_recompute", "preempted_swap", "swap_fallbacks", "refused",
+                    "blocks_swapped_out", "blocks_swapped_in"):
+            self.stats.setdefault(key, 0)
+        self._group_ids = itertools.count()
+        self._group_of: dict[int, Group] = {}  # seq_id -> its group (live and waiting children too)
+
+    # ---- the queues ---------------------------------------------------------------------------
+
+    def add(self, seq, children=()) -> Group:
+        """Queue a request: one sequence, and the samples to fork from it once its prompt is cached."""
+        group = Group(next(self._group_ids), [seq], list(children))
+        for s in [seq, *group.children]:
+            self._group_of[s.seq_id] = group
+        self.waiting.append(group)
+        return group
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running or self.swapped)
+
+    def num_running_seqs(self) -> int:
+        return sum(g.num_seqs for g in self.running)
+
+    # ---- one step -----------------------------------------------------------------------------
+
+    def schedule(self) -> StepPlan:
+        plan = StepPlan()
+        self._schedule_running(plan)
+        if not plan.preempted:
+            self._swap_in(plan)
+        if not plan.preempted and not self.swapped:
+            self._admit(plan)
+        return plan
+
+    def _appends(self, group: Group) -> list[tuple[int, int]]:
+        return [(s.seq_id, s.num_tokens - self.policy.num_tokens(s.seq_id)) for s in group.seqs]
+
+    def _plan(self, group: Group, plan: StepPlan) -> None:
+        """Slots for every uncached token of the group (the caller has checked they fit)."""
+        for seq_id_n, seq in zip(self._appends(group), group.seqs):
+            cached = self.policy.num_tokens(seq.seq_id)
+            plan.work.append(ScheduledSeq(seq, cached, self.policy.append_slots(*seq_id_n)))
+
+    def _schedule_running(self, plan: StepPlan) -> None:
+        i = 0
+        while i < len(self.running):
+            group = self.running[i]
+            if self.policy.can_append_all(self._appends(group)):
+                self._plan(group, plan)
+                i += 1
+            else:  # the newest goes; it has not been planned yet, since it sits at or after i
+                self._preempt(self.running.pop(), plan)
+
+    def _swap_in(self, plan: StepPlan) -> None:
+        while self.swapped:
+            group = self.swapped[0]
+            if self.running and self.num_running_seqs() + group.num_seqs > self.max_num_seqs:
+                return
+            keep_free = len(group.seqs) + (self._watermark() if self.running else 0)  # +1 token each
+            ids = [s.seq_id for s in group.seqs]
+            if not self.swap_space.can_swap_in(self.policy, ids, keep_free=keep_free):
+                return
+            self.swapped.popleft()
+            plan.swap_in += self.swap_space.swap_in(self.policy, ids)
+            self.stats["blocks_swapped_in"] = self.swap_space.stats["blocks_in"]
+            self.running.append(group)
+            self._plan(group, plan)
+
+    def _may_admit(self, group: Group) -> bool:
+        """Whether the queue head may start now (static batching says no while a batch runs)."""
+        return True
+
+    def _admit(self, plan: StepPlan) -> None:
+        budget = self.max_num_batched_tokens
+        while self.waiting:
+            group = self.waiting[0]
+            if not self._may_admit(group):
+                return
+            if self.running and self.num_running_seqs() + group.num_seqs > self.max_num_seqs:
+                return
+            tokens = sum(s.num_tokens for s in group.seqs)  # after a preemption, the outputs too
+            if budget is not None and plan.work and plan.num_tokens + tokens > budget:
+                return
+            reason = self._never_fits(group)
+            if reason is None:
+                try:
+                    admitted = self._allocate(group)
+                except ValueError as e:  # the policy says it can never fit
+                    admitted, reason = False, str(e)
+                if not admitted and reason is None:
+                    return  # first come, first served: nobody jumps the queue
+            self.waiting.popleft()
+            if reason is not None:
+                self._refuse(group, reason, plan)
+                continue
+            self.running.append(group)
+            self._plan(group, plan)
+
+    def _allocate(self, group: Group) -> bool:
+        """Allocate every sequence of the group, all or nothing. False if there is no room now."""
+        done = []
+        try:
+            for seq in group.seqs:
+                if not self.policy.can_allocate(seq.num_tokens, self._remaining(seq)):
+                    raise NoFreeMemory("no room now")
+                self.policy.allocate(seq.seq_id, seq.num_tokens, self._remaining(seq))
+                done.append(seq)
+        except NoFreeMemory:
+            for seq in done:
+                self.policy.free(seq.seq_id)
+            return False
+        except ValueError:
+            for seq in done:
+                self.policy.free(seq.seq_id)
+            raise
+        return True
+
+    @staticmethod
+    def _remaining(seq) -> int:
+        return max(seq.max_new_tokens - len(seq.output_ids), 1)
+
+    def _never_fits(self, group: Group) -> str | None:
+        """Why the group could never run even in an empty pool, or None. The policy checks one
+        sequence; here the samples of one request are checked together (they grow side by side)."""
+        if len(group.seqs) + len(group.children) < 2 or not hasattr(self.policy, "pool"):
+            return None
+        bs, num_blocks = self.policy.block_size, self.policy.num_blocks
+        if group.children:  # a fresh request: the full prompt blocks are shared, the rest is private
+            seq = group.seqs[0]
+            longest = blocks_for(seq.num_tokens + self._remaining(seq), bs)
+            shared = seq.num_tokens // bs
+            worst = longest + len(group.children) * (longest - shared)
+        else:
+            worst = sum(blocks_for(s.num_tokens + self._remaining(s), bs) for s in group.seqs)
+        if worst <= num_blocks:
+            return None
+        return (f"its {group.num_seqs} samples could grow to {worst} blocks together, but the pool has "
+                f"num_blocks={num_blocks}; give fewer samples (n) or fewer max_tokens")
+
+    def _watermark(self) -> int:
+        return getattr(self.policy, "watermark_blocks", 0)
+
+    # ---- preemption, refusal, forks, finishing --------------------------------------------------
+
+    def _preempt(self, group: Group, plan: StepPlan) -> None:
+        plan.preempted += 1
+        self.stats["preemptions"] += 1
+        ids = [s.seq_id for s in group.seqs]
+        cached = sum(self.policy.num_tokens(i) for i in ids)
+        if self.preemption_mode == "swap" and cached:
+            if self.swap_space.can_swap_out(self.policy, ids):
+                plan.swap_out += self.swap_space.swap_out(self.policy, ids)
+                self.stats["blocks_swapped_out"] = self.swap_space.stats["blocks_out"]
+                self.stats["preempted_swap"] += 1
+                self._queue_swapped(group)
+                return
+            self.stats["swap_fallbacks"] += 1
+        self.stats["preempted_recompute"] += 1
+        for seq_id in ids:
+            self.policy.free(seq_id)
+        if len(group.seqs) <= 1:
+            self.waiting.appendleft(group)
+            return
+        # several samples: each comes back on its own, unshared, in the group's order
+        for seq in reversed(group.seqs[1:]):
+            alone = Group(next(self._group_ids), [seq])
+            self._group_of[seq.seq_id] = alone
+            self._on_split(group, alone)
+            self.waiting.appendleft(alone)
+        group.seqs = group.seqs[:1]
+        self.waiting.appendleft(group)
+
+    def _queue_swapped(self, group: Group) -> None:
+        """Swapped requests come back oldest first, and the newest is preempted first: so each new
+        victim goes to the front (it was admitted after everyone already swapped out)."""
+        self.swapped.appendleft(group)
+
+    def _on_split(self, group: Group, part: Group) -> None:
+        """A recomputed request of several samples became one request per sample (static batching
+        keeps the parts in its batch)."""
+
+    def _refuse(self, group: Group, reason: str, plan: StepPlan) -> None:
+        for seq in [*group.seqs, *group.children]:
+            seq.finish_reason, seq.stop_reason = "abort", f"refused: {reason}"
+            plan.refused.append(seq)
+            self._group_of.pop(seq.seq_id, None)
+        self.stats["refused"] += group.num_seqs
+        group.seqs, group.children = [], []
+        self._on_done(group)
+
+    def fork_children(self, seq) -> list:
+        """The samples waiting to fork from seq, forked now that its prompt is cached (sharing policies)."""
+        group = self._group_of[seq.seq_id]
+        if not group.children or group.seqs[0] is not seq:
+            return []
+        children, group.children = group.children, []
+        for child in children:
+            self.policy.fork(seq.seq_id, child.seq_id)
+            group.seqs.append(child)
+        self.stats["forks"] = self.stats.get("forks", 0) + len(children)
+        return children
+
+    def finish(self, seq) -> None:
+        """seq is done: its blocks go back, and its request leaves once all its samples are done."""
+        self.policy.free(seq.seq_id)
+        group = self._group_of.pop(seq.seq_id)
+        group.seqs.remove(seq)
+        if group.done:
+            self.running.remove(group)
+            self._on_done(group)
+
+    def _on_done(self, group: Group) -> None:
+        """Hook: the request has left (finished or refused)."""

@@ -1,0 +1,66 @@
+"""What a scheduler works with: requests (``Group``) and the plan of one engine step (``StepPlan``).
+
+A ``Group`` is one request's sequences. They are admitted, preempted, swapped and finished as a unit,
+because under copy-on-write (chapter 05) they share blocks: swapping out one sample of four would
+copy the shared prompt blocks anyway, and recomputing one would have to prefill the prompt again.
+The parallel samples that are to be forked from the first sequence once its prompt is cached wait
+in ``children``.
+
+A ``StepPlan`` is everything the engine must do in one step, in order:
+
+    1. the block copies for swapping: device -> CPU (``swap_out``), then CPU -> device (``swap_in``);
+    2. one forward pass over ``work``: for each scheduled sequence, the tokens of it that have no K/V
+       yet (``seq.all_ids[cached:]``) and the slots their K/V goes to;
+    3. sampling one token for each of them.
+
+``refused`` are the requests that were dropped this step because they could never fit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from minipaged.sequence import Sequence
+
+
+@dataclass
+class Group:
+    group_id: int
+    seqs: list[Sequence]  # the live sequences (unfinished, and forked if they were children)
+    children: list[Sequence] = field(default_factory=list)  # samples to fork from seqs[0] after its prefill
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.seqs) + len(self.children)
+
+    @property
+    def done(self) -> bool:
+        return not self.seqs and not self.children
+
+
+@dataclass
+class ScheduledSeq:
+    seq: Sequence
+    cached: int  # tokens whose K/V is in the cache already
+    slots: list[int]  # where the K/V of seq.all_ids[cached:] goes
+
+    @property
+    def num_new(self) -> int:
+        return len(self.slots)
+
+
+@dataclass
+class StepPlan:
+    work: list[ScheduledSeq] = field(default_factory=list)
+    swap_out: list[tuple[int, int]] = field(default_factory=list)  # (device block, CPU block)
+    swap_in: list[tuple[int, int]] = field(default_factory=list)  # (CPU block, device block)
+    refused: list[Sequence] = field(default_factory=list)
+    preempted: int = 0  # requests preempted while planning this step
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(w.num_new for w in self.work)
+
+    @property
+    def num_prefill_tokens(self) -> int:
+        return sum(w.num_new for w in self.work if w.num_new > 1 or w.cached == 0)

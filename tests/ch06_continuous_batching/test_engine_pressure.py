@@ -1,0 +1,122 @@
+"""Chapter 06 on the model: outputs under memory pressure equal the unpressured run, token for token.
+
+A KV pool so small that requests are preempted again and again, by recompute and by swap, under both
+schedulers. Each test counts the preemptions, so it cannot pass by never preempting. The oracle is
+the same engine with a pool large enough that nothing is ever preempted.
+"""
+
+import pytest
+
+from minipaged import LLM, SamplingParams
+
+PROMPTS = [[1, 2, 3], [7, 8, 9, 10, 11, 12], [42] * 20, [100, 200], list(range(30, 70)), [5] * 9, [9, 8, 7, 6]]
+GREEDY = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+SAMPLED = SamplingParams(n=3, temperature=0.8, seed=3, max_tokens=24, ignore_eos=True)
+
+
+def tokens(outs):
+    return [[c.token_ids for c in o.outputs] for o in outs]
+
+
+def assert_clean(llm):
+    engine = llm.engine
+    engine.policy.check_invariants()
+    assert not engine.policy.seq_ids() and engine.policy.num_free_blocks == engine.policy.num_blocks, "blocks leaked"
+    if engine.swap_space is not None:
+        engine.swap_space.check_invariants()
+        assert not engine.swap_space.seq_ids(), "the swap space leaked"
+
+
+@pytest.fixture(scope="module")
+def unpressured():
+    llm = LLM("tiny", kv_policy="shared", kv_capacity_tokens=8192, block_size=4, max_model_len=128, progress=False)
+    greedy = tokens(llm.generate(PROMPTS, GREEDY, use_tqdm=False))
+    assert llm.engine.stats["preemptions"] == 0
+    sampled = tokens(llm.generate(PROMPTS[:4], SAMPLED, use_tqdm=False))
+    assert llm.engine.stats["preemptions"] == 0
+    return greedy, sampled
+
+
+@pytest.mark.parametrize("scheduler", ["continuous", "static"])
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+@pytest.mark.parametrize("policy", ["on_demand", "shared"])
+def test_greedy_outputs_survive_preemption(unpressured, scheduler, mode, policy):
+    llm = LLM("tiny", kv_policy=policy, kv_capacity_tokens=96, block_size=4, max_model_len=96, scheduler=scheduler,
+              preemption_mode=mode, progress=False)
+    got = tokens(llm.generate(PROMPTS, GREEDY, use_tqdm=False))
+    stats = llm.engine.stats
+    assert stats["preemptions"] >= 5, "the pool was meant to run dry many times; the test proves nothing"
+    assert stats["preempted_" + mode] > 0
+    if mode == "swap":
+        assert stats["blocks_swapped_out"] > 0 and stats["blocks_swapped_in"] == stats["blocks_swapped_out"]
+    assert got == unpressured[0]
+    assert_clean(llm)
+
+
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+def test_parallel_samples_survive_preemption(unpressured, mode):
+    llm = LLM("tiny", kv_policy="shared", kv_capacity_tokens=112, block_size=4, max_model_len=112,
+              preemption_mode=mode, progress=False)
+    got = tokens(llm.generate(PROMPTS[:4], SAMPLED, use_tqdm=False))
+    stats = llm.engine.stats
+    assert stats["preemptions"] > 0 and stats["preempted_" + mode] > 0, "no preemption: the test proves nothing"
+    assert stats["forks"] > 0
+    assert got == unpressured[1]
+    assert_clean(llm)
+
+
+def test_swap_moves_a_shared_block_once():
+    llm = LLM("tiny", kv_policy="shared", kv_capacity_tokens=112, block_size=4, max_model_len=112,
+              preemption_mode="swap", progress=False)
+    space, policy, calls = llm.engine.swap_space, llm.engine.policy, []
+    swap_out = space.swap_out
+
+    def recording(pol, seq_ids):
+        listed = sum(len(pol.allocated_blocks(s)) for s in seq_ids)
+        distinct = len({b for s in seq_ids for b in pol.allocated_blocks(s)})
+        copies = swap_out(pol, seq_ids)
+        calls.append((len(seq_ids), listed, distinct, len(copies)))
+        return copies
+
+    space.swap_out = recording
+    llm.generate(PROMPTS[:4], SAMPLED, use_tqdm=False)
+    assert calls, "nothing was swapped out; the test proves nothing"
+    assert all(copies == distinct for _, _, distinct, copies in calls)
+    assert any(n > 1 and copies < listed for n, listed, _, copies in calls), calls  # shared blocks moved once
+    assert_clean(llm)
+    assert policy.num_free_blocks == policy.num_blocks
+
+
+def test_static_batches_run_smaller_than_continuous_ones():
+    lengths = [40, 2, 2, 2, 30, 2, 2, 2]
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in lengths]
+    prompts = [[i + 1] * 5 for i in range(len(lengths))]
+    runs = {}
+    for name in ("static", "continuous"):
+        llm = LLM("tiny", kv_policy="on_demand", kv_capacity_tokens=1024, block_size=4, max_model_len=128,
+                  max_num_seqs=4, scheduler=name, progress=False)
+        runs[name] = (tokens(llm.generate(prompts, params, use_tqdm=False)), llm.engine.stats)
+        assert_clean(llm)
+    assert runs["static"][0] == runs["continuous"][0]
+    static, continuous = runs["static"][1], runs["continuous"][1]
+    assert continuous["forward_passes"] < static["forward_passes"]
+    mean = {k: sum(s["batch_sizes"]) / len(s["batch_sizes"]) for k, s in (("s", static), ("c", continuous))}
+    assert mean["c"] > mean["s"]
+
+
+def test_request_metrics_are_filled_in_order():
+    llm = LLM("tiny", kv_policy="on_demand", kv_capacity_tokens=1024, block_size=4, max_model_len=128, progress=False)
+    out = llm.generate(PROMPTS[:3], GREEDY, use_tqdm=False)
+    for o in out:
+        m = o.metrics
+        assert m["arrival_time"] <= m["first_token_time"] <= m["finished_time"]
+
+
+def test_bad_scheduling_options_name_the_field():
+    for kwargs, field in [({"scheduler": "fifo"}, "scheduler="), ({"preemption_mode": "kill"}, "preemption_mode="),
+                          ({"max_num_batched_tokens": 0}, "max_num_batched_tokens="),
+                          ({"swap_space_tokens": -1}, "swap_space_tokens="),
+                          ({"preemption_mode": "swap", "swap_space_tokens": 0}, "swap_space_tokens="),
+                          ({"watermark": 1.5}, "watermark")]:
+        with pytest.raises(ValueError, match=field):
+            LLM("tiny", kv_policy="on_demand", progress=False, **kwargs)

@@ -28,9 +28,11 @@ Two memory backends run the same search:
 
 Differences from vLLM, on purpose: candidates are the top 2 * beam_width log-probabilities only
 (vLLM may add the sampled token); with temperature > 0 log-probabilities are taken of logits /
-temperature; there are no stop strings. When the pool runs dry, the newest request is preempted
-and restarts its search from the prompt later (the search is deterministic, so only its cost
-changes). A request whose beams could not fit in an empty pool even when they share nothing but the
+temperature; there are no stop strings. When the pool runs dry, the newest request is preempted:
+with preemption_mode "recompute" it restarts its search from the prompt later (the search is
+deterministic, so only its cost changes); with "swap" (chapter 06) its beams' blocks go to the CPU
+swap space, shared blocks once, and come back when there is room, the search carrying on where it
+was. A request whose beams could not fit in an empty pool even when they share nothing but the
 prompt is refused (``BeamSearchOutput.refused``).
 
 Not handled: early stopping, per-request parameters, streaming.
@@ -42,7 +44,7 @@ import itertools
 from collections import deque
 from dataclasses import dataclass, field
 
-from minipaged.kv.base import NoFreeMemory, blocks_for
+from minipaged.kv.base import blocks_for
 
 # torch is imported inside the functions that need it: the search loop, the selection and the
 # policy-backed beams are plain Python, so the trace simulator (no torch) runs them too.
@@ -149,14 +151,34 @@ class _Request:
 class BeamSearch:
     """The search loop over many requests at once, on a memory backend (PagedBeams or PrivateBeams)."""
 
-    def __init__(self, backend, params: BeamSearchParams, eos_token_id: int | None, max_num_seqs: int = 64):
+    def __init__(self, backend, params: BeamSearchParams, eos_token_id: int | None, max_num_seqs: int = 64,
+                 preemption_mode: str = "recompute"):
+        if preemption_mode not in ("recompute", "swap"):
+            raise ValueError(f"preemption_mode={preemption_mode!r} is not known; choose one of ['recompute', 'swap']")
         self.backend, self.params, self.eos = backend, params, eos_token_id
         self.max_num_seqs = max_num_seqs
+        self.preemption_mode = preemption_mode
         self._ids = itertools.count()
+        self._swapped: deque = deque()  # requests whose beams wait in the swap space, oldest first
+
+    def _swap_in(self, active: list) -> None:
+        """Swapped-out requests come back first, oldest first, with room for one token per beam."""
+        while self._swapped:
+            r = self._swapped[0]
+            beams = sum(len(a.beams) for a in active)
+            if active and beams + len(r.beams) > self.max_num_seqs:
+                return
+            keep_free = len(r.kv_ids) + (getattr(self.backend.policy, "watermark_blocks", 0) if active else 0)
+            if not self.backend.can_swap_in(r.kv_ids, keep_free):
+                return
+            self._swapped.popleft()
+            self.backend.swap_in(r.kv_ids)
+            active.append(r)
 
     def _admit(self, waiting: deque, active: list, outputs: dict) -> None:
         width = self.params.beam_width
-        while waiting:
+        self._swap_in(active)
+        while waiting and not self._swapped:
             r = waiting[0]
             if active and sum(len(a.beams) for a in active) + width > self.max_num_seqs:
                 break
@@ -173,33 +195,37 @@ class BeamSearch:
             active.append(r)
 
     def _preempt(self, active: list, waiting: deque) -> _Request:
-        victim = active.pop()  # the newest request starts over later
+        victim = active.pop()  # the newest request: swapped out, or started over later
+        self.backend.stats["preemptions"] += 1
+        if self.preemption_mode == "swap" and self.backend.can_swap_out(victim.kv_ids):
+            self.backend.swap_out(victim.kv_ids)  # its beams and their sharing, as they are
+            self._swapped.appendleft(victim)  # the newest victim was admitted after the others
+            return victim
         for kv_id in victim.kv_ids:
             self.backend.free(kv_id)
         victim.restart()
         waiting.appendleft(victim)
-        self.backend.stats["preemptions"] += 1
         return victim
 
     def _reserve(self, active: list, waiting: deque):
-        """[(request, kv_id, new tokens, cached, slots)] for every live beam, in order."""
-        work, i, b = [], 0, 0  # request i, its beam b
+        """[(request, kv_id, new tokens, cached, slots)] for every live beam, in order.
+
+        A request's beams are reserved together or not at all: if the pool cannot take all of them
+        (growth and copies on write counted together), the newest request is preempted first. The
+        newest has not been reserved yet (it sits at or after this one), so nothing is half done.
+        """
+        work, i = [], 0
         while i < len(active):
             r = active[i]
-            if b == len(r.beams):
-                i, b = i + 1, 0
-                continue
-            new = r.beams[b].tokens[r.cached[b]:]
-            try:
-                slots = self.backend.reserve(r.kv_ids[b], len(new))
-            except NoFreeMemory:  # reserve changed nothing; make room and try this beam again
+            news = [beam.tokens[cached:] for beam, cached in zip(r.beams, r.cached)]
+            if not self.backend.can_reserve_all([(kv_id, len(new)) for kv_id, new in zip(r.kv_ids, news)]):
                 if len(active) == 1:
-                    raise RuntimeError("a lone beam search ran out of memory; the admission check is wrong") from None
-                if self._preempt(active, waiting) is r:  # r was the newest: it and its planned beams go
-                    work = [w for w in work if w[0] is not r]
+                    raise RuntimeError("a lone beam search ran out of memory; the admission check is wrong")
+                self._preempt(active, waiting)
                 continue
-            work.append((r, r.kv_ids[b], new, r.cached[b], slots))
-            b += 1
+            for b, new in enumerate(news):
+                work.append((r, r.kv_ids[b], new, r.cached[b], self.backend.reserve(r.kv_ids[b], len(new))))
+            i += 1
         return work
 
     def _advance(self, r: _Request, candidates) -> None:
@@ -250,7 +276,7 @@ class BeamSearch:
         requests = [_Request(i, ids, min(limit, max_model_len - len(ids)))
                     for i, (ids, limit) in enumerate(zip(prompts, limits))]
         waiting, active, outputs = deque(requests), [], {}
-        while waiting or active:
+        while waiting or active or self._swapped:
             self._admit(waiting, active, outputs)
             if not active:
                 if waiting:
@@ -299,6 +325,12 @@ class PolicyBeams:
     def reserve(self, kv_id: int, n: int) -> list[int]:
         return self.policy.append_slots(kv_id, n)
 
+    def can_reserve_all(self, reservations: list[tuple[int, int]]) -> bool:
+        return self.policy.can_append_all(reservations)
+
+    def can_swap_out(self, kv_ids) -> bool:
+        return False  # no K/V to move: only the engine-backed beams swap
+
     def fork(self, parent: int, child: int) -> None:
         self.policy.fork(parent, child)
         self.stats["forks"] += 1
@@ -319,6 +351,22 @@ class PagedBeams(PolicyBeams):
         self.stats["steps"] += 1
         return candidate_logprobs(self.engine.forward(work), width, temperature)
 
+    # Swapping (chapter 06): the copies are made at once. Nothing of this step is written yet, the
+    # victim was not reserved in it, and no other request shares its blocks.
+    def can_swap_out(self, kv_ids) -> bool:
+        space = self.engine.swap_space
+        return space is not None and space.can_swap_out(self.policy, kv_ids)
+
+    def swap_out(self, kv_ids) -> None:
+        self.engine.swap_blocks(self.engine.swap_space.swap_out(self.policy, kv_ids), [])
+        self.stats["preempted_swap"] = self.stats.get("preempted_swap", 0) + 1
+
+    def can_swap_in(self, kv_ids, keep_free: int) -> bool:
+        return self.engine.swap_space.can_swap_in(self.policy, kv_ids, keep_free)
+
+    def swap_in(self, kv_ids) -> None:
+        self.engine.swap_blocks([], self.engine.swap_space.swap_in(self.policy, kv_ids))
+
 
 class PrivateBeams:
     """The oracle: each beam owns its K/V tensors (a PerRequestKVCache); a fork clones them in full."""
@@ -338,6 +386,12 @@ class PrivateBeams:
 
     def reserve(self, kv_id: int, n: int) -> None:
         return None
+
+    def can_reserve_all(self, reservations) -> bool:
+        return True
+
+    def can_swap_out(self, kv_ids) -> bool:
+        return False
 
     def fork(self, parent: int, child: int) -> None:
         from minipaged.kv.per_request import PerRequestKVCache

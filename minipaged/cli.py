@@ -112,13 +112,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser("bench", help="benchmarks (each prints ratios measured in one run)",
                            description="Benchmarks. Each one measures its alternatives side by side.")
-    bench_sub = bench.add_subparsers(dest="bench", required=True, metavar="BENCHMARK")
+    bench_sub = bench.add_subparsers(dest="bench", metavar="BENCHMARK")
     from minipaged.attention import bench_kernels
-    from minipaged.bench import kv_cache, roofline
+    from minipaged.bench import kv_cache, roofline, serving, sharing
 
     for name, module, text in [
         ("cache", kv_cache, "chapter 00: decode tokens/s with the KV cache vs full recomputation"),
         ("roofline", roofline, "chapter 00: FLOPs vs bytes of a decode step, against this CPU's peaks"),
+        ("sharing", sharing, "chapter 05: KV memory with block sharing vs without, on the real model"),
+        ("serving", serving, "chapter 06 (the default): static + contiguous vs continuous + paged vs HF "
+                             "generate, same KV memory; recompute vs swap"),
         ("kernel", bench_kernels, "chapter 10: numba PagedAttention kernels vs reference vs SDPA "
                                   "(needs a GPU; --roofline works without)"),
     ]:
@@ -126,6 +129,8 @@ def build_parser() -> argparse.ArgumentParser:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
         module.add_arguments(b)
         b.set_defaults(func=module.main)
+    serving.add_arguments(bench)  # `python -m minipaged bench` alone runs the serving benchmark
+    bench.set_defaults(func=serving.main)
 
     try:
         from minipaged.simulator import cli as simulator_cli

@@ -246,7 +246,9 @@ class LLM:
         if not prompts:
             raise ValueError("prompts is empty: give at least one prompt")
         ids = [self._prompt_ids(p, i)[1] for i, p in enumerate(prompts)]
-        search = BeamSearch(backend, params, self.tokenizer.eos_token_id, max_num_seqs=self.max_num_seqs)
+        mode = getattr(self.engine, "preemption_mode", "recompute")
+        search = BeamSearch(backend, params, self.tokenizer.eos_token_id, max_num_seqs=self.max_num_seqs,
+                            preemption_mode=mode)
         bar = tqdm(total=len(ids), desc="beam search", unit="prompt", disable=not use_tqdm)
         outputs = search.run(ids, self.max_model_len, self.tokenizer, on_finish=lambda _: bar.update(1))
         bar.close()

@@ -56,7 +56,7 @@ class PagedEngine:
         self.max_num_seqs = max_num_seqs
         self.stats = {"steps": 0, "forward_passes": 0, "tokens_computed": 0, "preemptions": 0,
                       "refused": 0, "max_running": 0, "usage": [], "forks": 0, "block_copies": 0,
-                      "blocks_physical": [], "blocks_logical": [], "batch_sizes": [], "blocks_used": [],
+                      "blocks_physical": [], "blocks_logical": [], "batch_sizes": [], "kv_occupied": [],
                       "step_seconds": [], "forward_seconds": [], "swap_seconds": 0.0}
         swap_blocks = swap_space_tokens // policy.block_size
         self.swap_space = SwapSpace(swap_blocks, policy.block_size) if swap_blocks and hasattr(policy, "detach") \
@@ -122,9 +122,9 @@ class PagedEngine:
         self.stats["tokens_computed"] += len(tokens)
         self.stats["max_running"] = max(self.stats["max_running"], len(work))
         self.stats["batch_sizes"].append(len(work))
-        self.stats["usage"].append(self.policy.usage().utilization)
-        if hasattr(self.policy, "pool"):
-            self.stats["blocks_used"].append(1 - self.policy.pool.num_free / self.policy.num_blocks)
+        usage = self.policy.usage()
+        self.stats["usage"].append(usage.utilization)  # tokens / slots held
+        self.stats["kv_occupied"].append(usage.occupied / usage.total)  # slots held / the whole pool
         if self.policy.shares_blocks:
             sharing = self.policy.sharing()
             self.stats["blocks_physical"].append(sharing.physical_blocks)

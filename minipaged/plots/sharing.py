@@ -8,6 +8,8 @@
                                              ``python -m minipaged.simulator --sharing --json``, with the
                                              vLLM paper's Alpaca ranges drawn as quoted bands
     plot_blocks_over_time(physical, logical) blocks in use per step with sharing and without
+    plot_refcount_map(snapshots)             a memory map over time: each block's reference count at
+                                             each step (white free, green 1, purple shades 2 and up)
 
 Each returns a matplotlib Figure (no pyplot) and saves a PNG when given ``path``.
 """
@@ -31,6 +33,7 @@ def _draw_snapshot(ax, snap: dict, title: str, blocks_shown: list[int]) -> None:
     for seq_id, table in snap["tables"].items():
         for block in table:
             holders.setdefault(block, []).append(str(seq_id))
+    everyone = len(snap["tables"])
     pool_y = 0.0
     for b in blocks_shown:  # the pool: one square per physical block, filled as far as it holds tokens
         x = x_of[b]
@@ -41,8 +44,10 @@ def _draw_snapshot(ax, snap: dict, title: str, blocks_shown: list[int]) -> None:
             ax.add_patch(Rectangle((x, pool_y), 1, fill.get(b, 0) / bs, facecolor=color, alpha=0.85, lw=0))
             ax.text(x + 0.5, pool_y + 1.1, f"ref {count}", ha="center", va="bottom", fontsize=8, color=color,
                     fontweight="bold" if count > 1 else "normal")
-            ax.text(x + 0.5, pool_y - 0.42, ",".join(holders.get(b, [])), ha="center", va="top", fontsize=7,
-                    color="#333333")
+            names = holders.get(b, [])
+            label = "all" if everyone > 2 and len(names) == everyone else ",".join(names) if len(names) <= 2 \
+                else f"{len(names)} tables"
+            ax.text(x + 0.5, pool_y - 0.42, label, ha="center", va="top", fontsize=7, color="#333333")
         else:
             ax.text(x + 0.5, pool_y + 1.1, "free", ha="center", va="bottom", fontsize=8, color="#999999")
         ax.text(x + 0.5, pool_y - 0.08, f"#{b}", ha="center", va="top", fontsize=7, color="#555555")
@@ -57,13 +62,16 @@ def _draw_snapshot(ax, snap: dict, title: str, blocks_shown: list[int]) -> None:
             ax.add_patch(Rectangle((x, y), 1, 0.6, facecolor=SHARED_COLOR if shared else PRIVATE_COLOR,
                                    alpha=0.25, edgecolor="#555555", lw=0.8))
             ax.text(x + 0.5, y + 0.3, f"#{block}", ha="center", va="center", fontsize=8)
-    for src, dst in snap["copies"]:  # copies on write the engine is about to make
-        if src in x_of and dst in x_of:
-            ax.add_patch(FancyArrowPatch((x_of[src] + 0.5, pool_y + 1.5), (x_of[dst] + 0.5, pool_y + 1.5),
-                                         connectionstyle="arc3,rad=-0.4", arrowstyle="-|>", mutation_scale=10,
-                                         color=COPY_COLOR, lw=1.6))
-            ax.text((x_of[src] + x_of[dst]) / 2 + 0.5, pool_y + 2.05, "copy K,V", ha="center", fontsize=8,
-                    color=COPY_COLOR)
+    drawn = [(src, dst) for src, dst in snap["copies"] if src in x_of and dst in x_of]
+    for src, dst in drawn:  # copies on write the engine is about to make
+        ax.add_patch(FancyArrowPatch((x_of[src] + 0.5, pool_y + 1.5), (x_of[dst] + 0.5, pool_y + 1.5),
+                                     connectionstyle="arc3,rad=-0.4", arrowstyle="-|>", mutation_scale=10,
+                                     color=COPY_COLOR, lw=1.6))
+    if drawn:  # one label for all the arrows
+        first = min(min(x_of[s], x_of[d]) for s, d in drawn)
+        last = max(max(x_of[s], x_of[d]) for s, d in drawn)
+        ax.text((first + last) / 2 + 0.5, pool_y + 2.05, "copy K,V" if len(drawn) == 1 else f"copy K,V ({len(drawn)})",
+                ha="center", fontsize=8, color=COPY_COLOR)
     ax.set_title(title, fontsize=10)
 
 
@@ -79,7 +87,7 @@ def plot_block_sharing(snapshots: list[dict], titles: list[str] | None = None, p
         raise ValueError("snapshots is empty: give at least one SharedPolicy.snapshot()")
     titles = titles or [f"moment {i}" for i in range(len(snapshots))]
     held = sorted({b for s in snapshots for b in s["refs"]} | {b for s in snapshots for c in s["copies"] for b in c})
-    limit = max_blocks or max(held, default=0) + 1
+    limit = max_blocks or (max(held, default=0) + 1 if max(held, default=0) < 16 else 0)  # free ones too, if few
     blocks_shown = sorted(set(held) | set(range(min(limit, snapshots[0]["num_blocks"]))))
     rows = max(len(s["tables"]) for s in snapshots)
     width = max(len(blocks_shown), max((len(t) for s in snapshots for t in s["tables"].values()), default=1))
@@ -162,4 +170,40 @@ def plot_blocks_over_time(physical: list[int], logical: list[int], path: str | N
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="upper left")
     ax.set_title(title or f"KV memory per step: {100 * saved:.1f}% saved over the run")
+    return save(fig, path)
+
+
+def plot_refcount_map(snapshots: list[dict], path: str | None = None, title: str | None = None,
+                      steps: list[int] | None = None):
+    """snapshots: one ``SharedPolicy.snapshot()`` per step. x: step, y: physical block, color: its
+    reference count (how many block tables hold it)."""
+    import numpy as np
+    from matplotlib.colors import ListedColormap
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Patch
+
+    if not snapshots:
+        raise ValueError("snapshots is empty: give one SharedPolicy.snapshot() per step")
+    num_blocks = snapshots[0]["num_blocks"]
+    counts = np.zeros((num_blocks, len(snapshots)), dtype=np.int64)  # [blocks, steps]
+    for i, snap in enumerate(snapshots):
+        for block, count in snap["refs"].items():
+            counts[block, i] = count
+    top = max(int(counts.max()), 2)
+    purples = [(0.80 - 0.55 * k / max(top - 2, 1), 0.65 - 0.55 * k / max(top - 2, 1), 0.90 - 0.35 * k / max(top - 2, 1))
+               for k in range(top - 1)]  # lighter for 2, darker for more holders
+    cmap = ListedColormap([(1, 1, 1), PRIVATE_COLOR, *purples])
+    used = np.flatnonzero(counts.any(axis=1))
+    shown = counts[: used.max() + 1] if used.size else counts
+    x = steps if steps is not None else list(range(len(snapshots)))
+    fig = Figure(figsize=(8.0, 4.4))
+    ax = fig.add_subplot()
+    ax.imshow(shown, aspect="auto", origin="lower", interpolation="nearest", cmap=cmap, vmin=-0.5, vmax=top + 0.5,
+              extent=(x[0] - 0.5, x[-1] + 0.5, -0.5, shown.shape[0] - 0.5))
+    ax.set_xlabel("step (forward pass)")
+    ax.set_ylabel("physical block")
+    ax.set_title(title or "reference count of every block, step by step")
+    legend = [Patch(facecolor="white", edgecolor="#999999", label="free"), Patch(color=PRIVATE_COLOR, label="ref 1")]
+    legend += [Patch(color=c, label=f"ref {k + 2}") for k, c in enumerate(purples)]
+    ax.legend(handles=legend, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
     return save(fig, path)

@@ -120,3 +120,22 @@ def test_bad_scheduling_options_name_the_field():
                           ({"watermark": 1.5}, "watermark")]:
         with pytest.raises(ValueError, match=field):
             LLM("tiny", kv_policy="on_demand", progress=False, **kwargs)
+
+
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+def test_beam_search_survives_preemption(mode):
+    from minipaged.beam_search import BeamSearchParams
+
+    params = BeamSearchParams(beam_width=3, max_tokens=16, ignore_eos=True)
+    roomy = LLM("tiny", kv_policy="shared", kv_capacity_tokens=8192, block_size=4, max_model_len=96, progress=False)
+    want = [[s.tokens for s in o.sequences] for o in roomy.beam_search(PROMPTS[:4], params)]
+    assert roomy.engine.stats["preemptions"] == 0
+    small = LLM("tiny", kv_policy="shared", kv_capacity_tokens=96, block_size=4, max_model_len=96,
+                preemption_mode=mode, progress=False)
+    got = [[s.tokens for s in o.sequences] for o in small.beam_search(PROMPTS[:4], params)]
+    stats = small.engine.stats
+    assert stats["preemptions"] > 0, "the pool was meant to run dry; the test proves nothing"
+    if mode == "swap":
+        assert stats.get("preempted_swap", 0) > 0 and small.engine.swap_space.stats["swap_ins"] > 0
+    assert got == want
+    assert_clean(small)

@@ -1,0 +1,263 @@
+"""Chapter 06's benchmark: what continuous batching over paged memory buys, on the real model.
+
+    python -m minipaged bench serving [--requests 64] [--scale 0.15] [--kv-capacity 4096] [--json]
+
+One ShareGPT-like trace (the simulator's, lengths scaled by --scale so the run takes minutes on two
+cores; prompts are seeded random token ids, every request asks for exactly its own output length
+with ignore_eos), all requests arriving at once, served by:
+
+    static + contiguous      a batch runs until its longest request ends; slabs of max_model_len
+    continuous + paged       requests join and leave at every step; blocks taken on demand
+    HF generate (padded)     HF Transformers' generate over left-padded batches of a fixed size, at
+                             each of --hf-batch-sizes that fits the same KV capacity; the best is kept
+
+Every system gets the same KV capacity (token slots), the same prompts and the same output lengths,
+in one process, one after the other. Printed per system: requests/s, output tokens/s, time to first
+token and latency (p50, p99; HF's generate returns a batch at once, so its first token is not seen),
+mean running batch, peak KV utilization (tokens / slots held) and preemptions; then the ratios; then
+the engine's bookkeeping (step time outside the model's forward pass) at a full running batch; then
+recompute vs swap on the same trace with a pool small enough to force preemptions.
+
+With --plot-dir it draws serving_timeline.png: running batch and KV memory held over time, static vs
+continuous. Not measured here: arrivals over time (everything waits at t=0), sampling.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import time
+
+from minipaged.simulator.workloads import make_workload
+
+
+def make_trace(num_requests: int, scale: float, max_model_len: int, vocab_size: int, seed: int = 0):
+    """[(prompt token ids, output length)]: the simulator's ShareGPT-like lengths times ``scale``."""
+    requests = make_workload("sharegpt", num_requests, max_model_len=max_model_len, seed=seed)
+    rng = random.Random(seed)
+    trace = []
+    for r in requests:
+        prompt_len = max(1, round(r.prompt_len * scale))
+        output_len = max(1, min(round(r.output_len * scale), max_model_len - prompt_len))
+        low = min(1000, vocab_size // 4)  # past the special tokens
+        trace.append(([rng.randrange(low, vocab_size) for _ in range(prompt_len)], output_len))
+    return trace
+
+
+def percentile(values, q: float):
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))] if ordered else None
+
+
+def run_engine(llm, trace, label: str, progress: bool = False) -> dict:
+    """Serve the trace with one configured LLM; everything measured from its own stats."""
+    from minipaged import SamplingParams
+
+    prompts = [p for p, _ in trace]
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for _, n in trace]
+    llm.generate(prompts[:2], params[:2], use_tqdm=False)  # warm-up, not timed
+    stats = llm.engine.stats
+    for key, value in stats.items():  # count this run only
+        stats[key] = [] if isinstance(value, list) else type(value)(0)
+    start = time.perf_counter()
+    outs = llm.generate(prompts, params, use_tqdm=progress)
+    seconds = time.perf_counter() - start
+    ttft = [o.metrics["first_token_time"] - o.metrics["arrival_time"] for o in outs]
+    latency = [o.metrics["finished_time"] - o.metrics["arrival_time"] for o in outs]
+    policy = llm.engine.policy
+    policy.check_invariants()
+    assert not policy.seq_ids(), "KV memory left allocated after the run"
+    useful = sum(n for _, n in trace)
+    assert sum(len(o.outputs[0].token_ids) for o in outs) == useful, "a request did not get its tokens"
+    times, clock = [], 0.0
+    for step in stats["step_seconds"]:
+        clock += step
+        times.append(clock)
+    return {"system": label, "seconds": seconds, "requests": len(trace), "output_tokens": useful,
+            "requests_per_s": len(trace) / seconds, "output_tokens_per_s": useful / seconds,
+            "ttft_p50": percentile(ttft, 50), "ttft_p99": percentile(ttft, 99),
+            "latency_p50": percentile(latency, 50), "latency_p99": percentile(latency, 99),
+            "mean_batch": sum(stats["batch_sizes"]) / len(stats["batch_sizes"]),
+            "peak_kv_utilization": max(stats["usage"]), "peak_kv_held": max(stats["kv_occupied"]),
+            "preemptions": stats["preemptions"], "forward_passes": stats["forward_passes"],
+            "tokens_computed": stats["tokens_computed"], "swap_seconds": stats.get("swap_seconds", 0.0),
+            "blocks_swapped_out": stats.get("blocks_swapped_out", 0),
+            "bookkeeping": bookkeeping(stats, llm.engine.max_num_seqs),
+            "timeline": {"time": times, "batch": list(stats["batch_sizes"]), "kv_held": list(stats["kv_occupied"])},
+            "outputs": [o.outputs[0].token_ids for o in outs]}
+
+
+def bookkeeping(stats: dict, full_batch: int) -> dict | None:
+    """The share of step time spent outside the model's forward pass, over the steps that ran a
+    full batch (``full_batch`` sequences). None if no step did."""
+    steps = [(s, f) for s, f, b in zip(stats["step_seconds"], stats["forward_seconds"], stats["batch_sizes"])
+             if b == full_batch]
+    if not steps:
+        return None
+    step, forward = sum(s for s, _ in steps), sum(f for _, f in steps)
+    return {"batch": full_batch, "steps": len(steps), "step_ms": 1000 * step / len(steps),
+            "forward_ms": 1000 * forward / len(steps), "fraction": 1 - forward / step}
+
+
+def run_hf(trace, capacity: int, batch_sizes, progress: bool = False) -> dict | None:
+    """HF generate over padded batches, at each batch size whose padded KV fits ``capacity``; the best."""
+    from minipaged.bench.hf_baseline import load_hf_model, run_padded
+
+    model = load_hf_model()
+    if model is None:
+        return None
+    prompts, lens = [p for p, _ in trace], [n for _, n in trace]
+    tried = []
+    for size in batch_sizes:
+        padded = max(len(prompts[i:i + size]) * (max(len(p) for p in prompts[i:i + size]) + max(lens[i:i + size]))
+                     for i in range(0, len(prompts), size))
+        if padded > capacity:
+            tried.append({"batch_size": size, "skipped": f"padded KV {padded} > capacity {capacity} slots"})
+            continue
+        run_padded(model, prompts[:2], [2, 2], batch_size=2)  # warm-up
+        result = run_padded(model, prompts, lens, batch_size=size, progress=progress)
+        tried.append({"batch_size": size, "seconds": result.seconds, "requests_per_s": result.requests_per_s,
+                      "output_tokens_per_s": result.output_tokens_per_s, "decoded_tokens": result.decoded_tokens,
+                      "padded_kv": padded})
+    timed = [t for t in tried if "seconds" in t]
+    if not timed:
+        return {"system": "HF generate (padded)", "tried": tried}
+    best = max(timed, key=lambda t: t["requests_per_s"])
+    return {"system": f"HF generate (padded, batch {best['batch_size']})", **best, "tried": tried,
+            "requests": len(trace), "output_tokens": sum(lens)}
+
+
+def run(model="smollm2-135m", requests=64, scale=0.15, kv_capacity=4096, max_model_len=512, max_num_seqs=32,
+        block_size=16, hf_batch_sizes=(8, 16, 32), pressure_capacity=None, seed=0, progress=False,
+        skip_hf=False, plot_dir=None) -> dict:
+    from minipaged import LLM
+
+    def engine(**options):
+        return LLM(model, max_model_len=max_model_len, max_num_seqs=max_num_seqs, block_size=block_size,
+                   progress=False, **options)
+
+    static = engine(kv_policy="contiguous", reservation="max", scheduler="static", kv_capacity_tokens=kv_capacity)
+    trace = make_trace(requests, scale, max_model_len, static.config.vocab_size, seed)
+    systems = [run_engine(static, trace, "static + contiguous", progress)]
+    del static
+    systems.append(run_engine(engine(kv_policy="on_demand", scheduler="continuous", kv_capacity_tokens=kv_capacity),
+                              trace, "continuous + paged", progress))
+    hf = None if skip_hf else run_hf(trace, kv_capacity, hf_batch_sizes, progress)
+    pressure_capacity = pressure_capacity or kv_capacity // 4
+    pressure = [run_engine(engine(kv_policy="on_demand", kv_capacity_tokens=pressure_capacity,
+                                  preemption_mode=mode), trace, f"continuous + paged, {mode}", progress)
+                for mode in ("recompute", "swap")]
+    same = all(s["outputs"] == systems[0]["outputs"] for s in systems[1:] + pressure)
+    static_r, continuous_r = systems
+    ratios = {"continuous_vs_static_requests_per_s": continuous_r["requests_per_s"] / static_r["requests_per_s"],
+              "continuous_vs_static_output_tokens_per_s":
+                  continuous_r["output_tokens_per_s"] / static_r["output_tokens_per_s"]}
+    if hf and "output_tokens_per_s" in hf:
+        ratios["continuous_vs_hf_output_tokens_per_s"] = continuous_r["output_tokens_per_s"] / hf["output_tokens_per_s"]
+        ratios["continuous_vs_hf_requests_per_s"] = continuous_r["requests_per_s"] / hf["requests_per_s"]
+    ratios["swap_vs_recompute_requests_per_s"] = pressure[1]["requests_per_s"] / pressure[0]["requests_per_s"]
+    lens = [n for _, n in trace]
+    result = {"model": model, "requests": requests, "scale": scale, "kv_capacity_tokens": kv_capacity,
+              "pressure_capacity_tokens": pressure_capacity, "max_model_len": max_model_len,
+              "max_num_seqs": max_num_seqs, "block_size": block_size,
+              "mean_prompt": sum(len(p) for p, _ in trace) / len(trace), "mean_output": sum(lens) / len(lens),
+              "max_output": max(lens), "identical_outputs": same, "systems": systems, "hf": hf,
+              "pressure": pressure, "ratios": ratios}
+    if plot_dir:
+        from minipaged.plots import plot_serving_timeline
+
+        os.makedirs(plot_dir, exist_ok=True)
+        plot_serving_timeline({s["system"]: s["timeline"] for s in systems}, kv_capacity,
+                              path=os.path.join(plot_dir, "serving_timeline.png"))
+    return result
+
+
+def _ms(x):
+    return "    -" if x is None else f"{1000 * x:7.0f}"
+
+
+def format_result(r: dict) -> str:
+    lines = [f"{r['model']}: {r['requests']} ShareGPT-like requests x{r['scale']} (mean prompt "
+             f"{r['mean_prompt']:.1f}, mean output {r['mean_output']:.1f}, longest output {r['max_output']} tokens), "
+             f"KV capacity {r['kv_capacity_tokens']} token slots, max_model_len {r['max_model_len']}, "
+             f"max_num_seqs {r['max_num_seqs']}, block size {r['block_size']}\n"]
+    head = (f"{'system':<34}{'req/s':>7}{'out tok/s':>10}{'TTFT p50':>9}{'p99':>7}{'lat p50':>8}{'p99':>7}"
+            f"{'batch':>7}{'KV util':>8}{'preempt':>8}")
+    lines += [head + "   (times in ms)", "-" * len(head)]
+    hf = r["hf"] if r["hf"] and "seconds" in r["hf"] else None
+    for s in r["systems"] + ([hf] if hf else []) + r["pressure"]:
+        if s is hf:
+            lines.append(f"{s['system']:<34}{s['requests_per_s']:>7.2f}{s['output_tokens_per_s']:>10.1f}"
+                         f"{'-':>9}{'-':>7}{'-':>8}{'-':>7}{s['batch_size']:>7}{'-':>8}{'-':>8}")
+            continue
+        if s is r["pressure"][0]:
+            lines.append(f"-- with a pool of {r['pressure_capacity_tokens']} slots (preemptions forced):")
+        lines.append(f"{s['system']:<34}{s['requests_per_s']:>7.2f}{s['output_tokens_per_s']:>10.1f}"
+                     f"{_ms(s['ttft_p50']):>9}{_ms(s['ttft_p99']):>7}{_ms(s['latency_p50']):>8}"
+                     f"{_ms(s['latency_p99']):>7}{s['mean_batch']:>7.1f}{100 * s['peak_kv_utilization']:>7.1f}%"
+                     f"{s['preemptions']:>8}")
+    if r["hf"]:
+        for t in r["hf"]["tried"]:
+            if "skipped" in t:
+                lines.append(f"  (HF batch {t['batch_size']} not run: {t['skipped']})")
+            else:
+                lines.append(f"  (HF batch {t['batch_size']}: {t['requests_per_s']:.2f} req/s, "
+                             f"{t['output_tokens_per_s']:.1f} output tok/s, {t['decoded_tokens']} tokens decoded)")
+    ratios = r["ratios"]
+    lines.append("\nratios, measured in this run:")
+    pairs = [("continuous + paged / static + contiguous", "static")]
+    if "continuous_vs_hf_output_tokens_per_s" in ratios:
+        pairs.append(("continuous + paged / HF generate (padded)", "hf"))
+    for label, other in pairs:
+        lines.append(f"  {label:<43}requests/s {ratios[f'continuous_vs_{other}_requests_per_s']:.2f}x   "
+                     f"output tokens/s {ratios[f'continuous_vs_{other}_output_tokens_per_s']:.2f}x")
+    lines.append(f"  {'swap / recompute (small pool)':<43}requests/s {ratios['swap_vs_recompute_requests_per_s']:.2f}x")
+    rec, swp = r["pressure"]
+    lines.append(f"  recompute: {rec['preemptions']} preemptions, {rec['tokens_computed']} token positions computed; "
+                 f"swap: {swp['preemptions']} preemptions, {swp['blocks_swapped_out']} blocks out and back, "
+                 f"{1000 * swp['swap_seconds']:.0f} ms copying, {swp['tokens_computed']} positions computed")
+    book = r["systems"][1]["bookkeeping"]
+    if book:
+        lines.append(f"\nbookkeeping (everything outside the forward pass) at a running batch of {book['batch']}: "
+                     f"{100 * book['fraction']:.1f}% of step time ({book['step_ms']:.1f} ms per step, forward "
+                     f"{book['forward_ms']:.1f} ms, over {book['steps']} steps)")
+    else:
+        lines.append(f"\nbookkeeping: no step ran a full batch of {r['max_num_seqs']}")
+    lines.append(f"identical greedy outputs across the engine's systems: {r['identical_outputs']}")
+    return "\n".join(lines)
+
+
+def add_arguments(p):
+    p.add_argument("--model", default="smollm2-135m", help="model name (default: smollm2-135m)")
+    p.add_argument("--requests", type=int, default=64, help="requests in the trace (default: 64)")
+    p.add_argument("--scale", type=float, default=0.15,
+                   help="multiply the ShareGPT-like prompt and output lengths by this (default: 0.15)")
+    p.add_argument("--kv-capacity", type=int, default=4096, help="KV token slots every system gets (default: 4096)")
+    p.add_argument("--max-model-len", type=int, default=512,
+                   help="longest prompt + output; the contiguous slab size (default: 512)")
+    p.add_argument("--max-num-seqs", type=int, default=32, help="most sequences in a running batch (default: 32)")
+    p.add_argument("--hf-batch-sizes", default="8,16,32",
+                   help="HF generate batch sizes to try, comma-separated; the best is kept (default: 8,16,32)")
+    p.add_argument("--pressure-capacity", type=int, default=None,
+                   help="KV slots for the recompute vs swap runs (default: a quarter of --kv-capacity)")
+    p.add_argument("--skip-hf", action="store_true", help="do not run HF Transformers")
+    p.add_argument("--plot-dir", default=None, help="also save serving_timeline.png there")
+    p.add_argument("--seed", type=int, default=0, help="trace seed (default: 0)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+
+
+def main(args) -> int:
+    sizes = tuple(int(x) for x in args.hf_batch_sizes.split(",") if x.strip())
+    if not sizes or min(sizes) < 1:
+        raise ValueError(f"--hf-batch-sizes={args.hf_batch_sizes!r} must list positive integers, e.g. 8,16")
+    r = run(args.model, args.requests, args.scale, args.kv_capacity, args.max_model_len, args.max_num_seqs,
+            hf_batch_sizes=sizes, pressure_capacity=args.pressure_capacity, seed=args.seed,
+            progress=not args.json, skip_hf=args.skip_hf, plot_dir=args.plot_dir)
+    if args.json:
+        for s in r["systems"] + r["pressure"]:
+            s.pop("outputs")
+        print(json.dumps(r, indent=2))
+    else:
+        print(format_result(r))
+    return 0 if r["identical_outputs"] else 1

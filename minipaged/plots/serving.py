@@ -1,0 +1,37 @@
+"""Chapter 06's picture: the running batch and the KV memory held, over time, one line per system.
+
+Static batching shows a saw-tooth: a batch starts full, shrinks as its short requests finish, and
+idles until its longest one ends. Continuous batching refills the batch at every step, so both the
+batch and the memory held stay near the top until the queue runs out.
+"""
+
+from __future__ import annotations
+
+from minipaged.plots.style import save
+
+COLORS = ["#c62828", "#2e7d32", "#1565c0", "#6a1b9a"]
+
+
+def plot_serving_timeline(timelines: dict, capacity: int | None = None, path: str | None = None,
+                          title: str | None = None, x_label: str = "time (s)"):
+    """timelines: {system label: {"time": [...], "batch": [...], "kv_held": [fractions of the pool]}},
+    e.g. from ``python -m minipaged bench serving`` or ``simulate_serving`` (steps as time)."""
+    from matplotlib.figure import Figure
+
+    if not timelines:
+        raise ValueError("timelines is empty: give at least one system's time, batch and kv_held lists")
+    fig = Figure(figsize=(8.0, 5.2))
+    top, bottom = fig.subplots(2, 1, sharex=True)
+    for color, (label, t) in zip(COLORS, timelines.items()):
+        top.step(t["time"], t["batch"], where="post", color=color, lw=1.2, label=label)
+        bottom.step(t["time"], [100 * x for x in t["kv_held"]], where="post", color=color, lw=1.2, label=label)
+    top.set_ylabel("running batch (sequences)")
+    top.grid(alpha=0.3)
+    top.legend(fontsize=8, loc="upper right")
+    bottom.set_ylabel("KV memory held (% of pool)")
+    bottom.set_ylim(0, 105)
+    bottom.set_xlabel(x_label)
+    bottom.grid(alpha=0.3)
+    size = f" of {capacity} token slots" if capacity else ""
+    top.set_title(title or f"running batch and KV memory held{size}, per step")
+    return save(fig, path)

@@ -4,16 +4,18 @@
                     query_lens=None, backend="torch")
 
 Backends:
-    "torch"  the naive PyTorch reference: gather through the block table, dense softmax (the oracle)
-    "numba"  chapter 10's numba.cuda kernels (numba_backend.py, kernels/), loaded on first use; on a
-             machine without a GPU they run in numba's CUDA simulator
+    "torch"          the naive PyTorch reference: gather through the block table, dense softmax (the oracle)
+    "torch_batched"  the same math in a few batched tensor operations (batched.py): the fast CPU path
+    "numba"          chapter 10's numba.cuda kernels (numba_backend.py, kernels/), loaded on first use; on a
+                     machine without a GPU they run in numba's CUDA simulator
 """
 
 from __future__ import annotations
 
+from minipaged.attention.batched import paged_attention_batched
 from minipaged.attention.reference import paged_attention_reference
 
-_BACKENDS = {"torch": paged_attention_reference}
+_BACKENDS = {"torch": paged_attention_reference, "torch_batched": paged_attention_batched}
 
 
 def register_backend(name: str, fn) -> None:

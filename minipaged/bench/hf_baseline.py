@@ -25,6 +25,7 @@ class HFResult:
     requests: int
     output_tokens: int  # useful tokens only (each request's own length)
     decoded_tokens: int  # everything the batches decoded, padding rows included
+    latencies: list  # seconds from the start until each request's batch returned
 
     @property
     def requests_per_s(self) -> float:
@@ -56,7 +57,7 @@ def run_padded(model, prompts: list[list[int]], output_lens: list[int], batch_si
     from tqdm import tqdm
 
     start = time.perf_counter()
-    decoded = 0
+    decoded, latencies = 0, []
     batches = range(0, len(prompts), batch_size)
     for i in tqdm(batches, desc=f"HF generate, batch {batch_size}", disable=not progress):
         chunk, lens = prompts[i:i + batch_size], output_lens[i:i + batch_size]
@@ -68,4 +69,5 @@ def run_padded(model, prompts: list[list[int]], output_lens: list[int], batch_si
             model.generate(ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new, do_sample=False,
                            pad_token_id=pad_token_id)
         decoded += new * len(chunk)
-    return HFResult(batch_size, time.perf_counter() - start, len(prompts), sum(output_lens), decoded)
+        latencies += [time.perf_counter() - start] * len(chunk)  # generate returns the batch at once
+    return HFResult(batch_size, time.perf_counter() - start, len(prompts), sum(output_lens), decoded, latencies)

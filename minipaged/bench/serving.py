@@ -1,6 +1,6 @@
 """Chapter 06's benchmark: what continuous batching over paged memory buys, on the real model.
 
-    python -m minipaged bench serving [--requests 64] [--scale 0.15] [--kv-capacity 4096] [--json]
+    python -m minipaged bench serving [--requests 64] [--scale 0.1] [--kv-capacity 2048] [--json]
 
 One ShareGPT-like trace (the simulator's, lengths scaled by --scale so the run takes minutes on two
 cores; prompts are seeded random token ids, every request asks for exactly its own output length
@@ -12,9 +12,12 @@ with ignore_eos), all requests arriving at once, served by:
                              each of --hf-batch-sizes that fits the same KV capacity; the best is kept
 
 Every system gets the same KV capacity (token slots), the same prompts and the same output lengths,
-in one process, one after the other. Printed per system: requests/s, output tokens/s, time to first
+in one process, one after the other. The engine's systems all use the batched PyTorch attention
+(``--attention torch_batched``, checked against the reference in the tests; ``torch`` is the
+reference itself, slower on a CPU). Printed per system: requests/s, output tokens/s, time to first
 token and latency (p50, p99; HF's generate returns a batch at once, so its first token is not seen),
-mean running batch, peak KV utilization (tokens / slots held) and preemptions; then the ratios; then
+mean running batch, KV utilization (tokens / slots held; mean over steps and peak) and preemptions;
+then the ratios; then
 the engine's bookkeeping (step time outside the model's forward pass) at a full running batch; then
 recompute vs swap on the same trace with a pool small enough to force preemptions.
 
@@ -34,7 +37,8 @@ from minipaged.simulator.workloads import make_workload
 
 def make_trace(num_requests: int, scale: float, max_model_len: int, vocab_size: int, seed: int = 0):
     """[(prompt token ids, output length)]: the simulator's ShareGPT-like lengths times ``scale``."""
-    requests = make_workload("sharegpt", num_requests, max_model_len=max_model_len, seed=seed)
+    # the trace at full size, with room for lengths that still fit max_model_len once scaled
+    requests = make_workload("sharegpt", num_requests, max_model_len=max(2, round(max_model_len / scale)), seed=seed)
     rng = random.Random(seed)
     trace = []
     for r in requests:
@@ -80,6 +84,7 @@ def run_engine(llm, trace, label: str, progress: bool = False) -> dict:
             "latency_p50": percentile(latency, 50), "latency_p99": percentile(latency, 99),
             "mean_batch": sum(stats["batch_sizes"]) / len(stats["batch_sizes"]),
             "peak_kv_utilization": max(stats["usage"]), "peak_kv_held": max(stats["kv_occupied"]),
+            "mean_kv_utilization": sum(stats["usage"]) / len(stats["usage"]),
             "preemptions": stats["preemptions"], "forward_passes": stats["forward_passes"],
             "tokens_computed": stats["tokens_computed"], "swap_seconds": stats.get("swap_seconds", 0.0),
             "blocks_swapped_out": stats.get("blocks_swapped_out", 0),
@@ -119,7 +124,8 @@ def run_hf(trace, capacity: int, batch_sizes, progress: bool = False) -> dict | 
         result = run_padded(model, prompts, lens, batch_size=size, progress=progress)
         tried.append({"batch_size": size, "seconds": result.seconds, "requests_per_s": result.requests_per_s,
                       "output_tokens_per_s": result.output_tokens_per_s, "decoded_tokens": result.decoded_tokens,
-                      "padded_kv": padded})
+                      "padded_kv": padded, "latency_p50": percentile(result.latencies, 50),
+                      "latency_p99": percentile(result.latencies, 99)})
     timed = [t for t in tried if "seconds" in t]
     if not timed:
         return {"system": "HF generate (padded)", "tried": tried}
@@ -128,14 +134,14 @@ def run_hf(trace, capacity: int, batch_sizes, progress: bool = False) -> dict | 
             "requests": len(trace), "output_tokens": sum(lens)}
 
 
-def run(model="smollm2-135m", requests=64, scale=0.15, kv_capacity=4096, max_model_len=512, max_num_seqs=32,
-        block_size=16, hf_batch_sizes=(8, 16, 32), pressure_capacity=None, seed=0, progress=False,
-        skip_hf=False, plot_dir=None) -> dict:
+def run(model="smollm2-135m", requests=64, scale=0.1, kv_capacity=2048, max_model_len=256, max_num_seqs=32,
+        block_size=16, hf_batch_sizes=(4, 8, 16), pressure_capacity=None, seed=0, progress=False,
+        skip_hf=False, plot_dir=None, attention="torch_batched", skip_pressure=False) -> dict:
     from minipaged import LLM
 
     def engine(**options):
         return LLM(model, max_model_len=max_model_len, max_num_seqs=max_num_seqs, block_size=block_size,
-                   progress=False, **options)
+                   attention_backend=attention, progress=False, **options)
 
     static = engine(kv_policy="contiguous", reservation="max", scheduler="static", kv_capacity_tokens=kv_capacity)
     trace = make_trace(requests, scale, max_model_len, static.config.vocab_size, seed)
@@ -145,9 +151,9 @@ def run(model="smollm2-135m", requests=64, scale=0.15, kv_capacity=4096, max_mod
                               trace, "continuous + paged", progress))
     hf = None if skip_hf else run_hf(trace, kv_capacity, hf_batch_sizes, progress)
     pressure_capacity = pressure_capacity or kv_capacity // 4
-    pressure = [run_engine(engine(kv_policy="on_demand", kv_capacity_tokens=pressure_capacity,
-                                  preemption_mode=mode), trace, f"continuous + paged, {mode}", progress)
-                for mode in ("recompute", "swap")]
+    pressure = [] if skip_pressure else [
+        run_engine(engine(kv_policy="on_demand", kv_capacity_tokens=pressure_capacity, preemption_mode=mode),
+                   trace, f"continuous + paged, {mode}", progress) for mode in ("recompute", "swap")]
     same = all(s["outputs"] == systems[0]["outputs"] for s in systems[1:] + pressure)
     static_r, continuous_r = systems
     ratios = {"continuous_vs_static_requests_per_s": continuous_r["requests_per_s"] / static_r["requests_per_s"],
@@ -156,9 +162,11 @@ def run(model="smollm2-135m", requests=64, scale=0.15, kv_capacity=4096, max_mod
     if hf and "output_tokens_per_s" in hf:
         ratios["continuous_vs_hf_output_tokens_per_s"] = continuous_r["output_tokens_per_s"] / hf["output_tokens_per_s"]
         ratios["continuous_vs_hf_requests_per_s"] = continuous_r["requests_per_s"] / hf["requests_per_s"]
-    ratios["swap_vs_recompute_requests_per_s"] = pressure[1]["requests_per_s"] / pressure[0]["requests_per_s"]
+    if pressure:
+        ratios["swap_vs_recompute_requests_per_s"] = pressure[1]["requests_per_s"] / pressure[0]["requests_per_s"]
     lens = [n for _, n in trace]
     result = {"model": model, "requests": requests, "scale": scale, "kv_capacity_tokens": kv_capacity,
+              "attention_backend": attention,
               "pressure_capacity_tokens": pressure_capacity, "max_model_len": max_model_len,
               "max_num_seqs": max_num_seqs, "block_size": block_size,
               "mean_prompt": sum(len(p) for p, _ in trace) / len(trace), "mean_output": sum(lens) / len(lens),
@@ -181,22 +189,23 @@ def format_result(r: dict) -> str:
     lines = [f"{r['model']}: {r['requests']} ShareGPT-like requests x{r['scale']} (mean prompt "
              f"{r['mean_prompt']:.1f}, mean output {r['mean_output']:.1f}, longest output {r['max_output']} tokens), "
              f"KV capacity {r['kv_capacity_tokens']} token slots, max_model_len {r['max_model_len']}, "
-             f"max_num_seqs {r['max_num_seqs']}, block size {r['block_size']}\n"]
+             f"max_num_seqs {r['max_num_seqs']}, block size {r['block_size']}, attention {r['attention_backend']!r}\n"]
     head = (f"{'system':<34}{'req/s':>7}{'out tok/s':>10}{'TTFT p50':>9}{'p99':>7}{'lat p50':>8}{'p99':>7}"
-            f"{'batch':>7}{'KV util':>8}{'preempt':>8}")
+            f"{'batch':>7}{'KV util mean':>13}{'peak':>7}{'preempt':>8}")
     lines += [head + "   (times in ms)", "-" * len(head)]
     hf = r["hf"] if r["hf"] and "seconds" in r["hf"] else None
     for s in r["systems"] + ([hf] if hf else []) + r["pressure"]:
         if s is hf:
             lines.append(f"{s['system']:<34}{s['requests_per_s']:>7.2f}{s['output_tokens_per_s']:>10.1f}"
-                         f"{'-':>9}{'-':>7}{'-':>8}{'-':>7}{s['batch_size']:>7}{'-':>8}{'-':>8}")
+                         f"{'-':>9}{'-':>7}{_ms(s['latency_p50']):>8}{_ms(s['latency_p99']):>7}"
+                         f"{s['batch_size']:>7}{'-':>13}{'-':>7}{'-':>8}")
             continue
-        if s is r["pressure"][0]:
+        if r["pressure"] and s is r["pressure"][0]:
             lines.append(f"-- with a pool of {r['pressure_capacity_tokens']} slots (preemptions forced):")
         lines.append(f"{s['system']:<34}{s['requests_per_s']:>7.2f}{s['output_tokens_per_s']:>10.1f}"
                      f"{_ms(s['ttft_p50']):>9}{_ms(s['ttft_p99']):>7}{_ms(s['latency_p50']):>8}"
-                     f"{_ms(s['latency_p99']):>7}{s['mean_batch']:>7.1f}{100 * s['peak_kv_utilization']:>7.1f}%"
-                     f"{s['preemptions']:>8}")
+                     f"{_ms(s['latency_p99']):>7}{s['mean_batch']:>7.1f}{100 * s['mean_kv_utilization']:>12.1f}%"
+                     f"{100 * s['peak_kv_utilization']:>6.1f}%{s['preemptions']:>8}")
     if r["hf"]:
         for t in r["hf"]["tried"]:
             if "skipped" in t:
@@ -212,11 +221,13 @@ def format_result(r: dict) -> str:
     for label, other in pairs:
         lines.append(f"  {label:<43}requests/s {ratios[f'continuous_vs_{other}_requests_per_s']:.2f}x   "
                      f"output tokens/s {ratios[f'continuous_vs_{other}_output_tokens_per_s']:.2f}x")
-    lines.append(f"  {'swap / recompute (small pool)':<43}requests/s {ratios['swap_vs_recompute_requests_per_s']:.2f}x")
-    rec, swp = r["pressure"]
-    lines.append(f"  recompute: {rec['preemptions']} preemptions, {rec['tokens_computed']} token positions computed; "
-                 f"swap: {swp['preemptions']} preemptions, {swp['blocks_swapped_out']} blocks out and back, "
-                 f"{1000 * swp['swap_seconds']:.0f} ms copying, {swp['tokens_computed']} positions computed")
+    if r["pressure"]:
+        lines.append(f"  {'swap / recompute (small pool)':<43}"
+                     f"requests/s {ratios['swap_vs_recompute_requests_per_s']:.2f}x")
+        rec, swp = r["pressure"]
+        lines.append(f"  recompute: {rec['preemptions']} preemptions, {rec['tokens_computed']} token positions "
+                     f"computed; swap: {swp['preemptions']} preemptions, {swp['blocks_swapped_out']} blocks out and "
+                     f"back, {1000 * swp['swap_seconds']:.0f} ms copying, {swp['tokens_computed']} positions computed")
     book = r["systems"][1]["bookkeeping"]
     if book:
         lines.append(f"\nbookkeeping (everything outside the forward pass) at a running batch of {book['batch']}: "
@@ -231,16 +242,19 @@ def format_result(r: dict) -> str:
 def add_arguments(p):
     p.add_argument("--model", default="smollm2-135m", help="model name (default: smollm2-135m)")
     p.add_argument("--requests", type=int, default=64, help="requests in the trace (default: 64)")
-    p.add_argument("--scale", type=float, default=0.15,
-                   help="multiply the ShareGPT-like prompt and output lengths by this (default: 0.15)")
-    p.add_argument("--kv-capacity", type=int, default=4096, help="KV token slots every system gets (default: 4096)")
-    p.add_argument("--max-model-len", type=int, default=512,
-                   help="longest prompt + output; the contiguous slab size (default: 512)")
+    p.add_argument("--scale", type=float, default=0.1,
+                   help="multiply the ShareGPT-like prompt and output lengths by this (default: 0.1)")
+    p.add_argument("--kv-capacity", type=int, default=2048, help="KV token slots every system gets (default: 2048)")
+    p.add_argument("--max-model-len", type=int, default=256,
+                   help="longest prompt + output; the contiguous slab size (default: 256)")
     p.add_argument("--max-num-seqs", type=int, default=32, help="most sequences in a running batch (default: 32)")
-    p.add_argument("--hf-batch-sizes", default="8,16,32",
-                   help="HF generate batch sizes to try, comma-separated; the best is kept (default: 8,16,32)")
+    p.add_argument("--hf-batch-sizes", default="4,8,16",
+                   help="HF generate batch sizes to try, comma-separated; the best that fits the KV capacity "
+                        "is kept (default: 4,8,16)")
     p.add_argument("--pressure-capacity", type=int, default=None,
                    help="KV slots for the recompute vs swap runs (default: a quarter of --kv-capacity)")
+    p.add_argument("--attention", default="torch_batched", choices=["torch_batched", "torch"],
+                   help="the engine's attention backend for every system (default: torch_batched)")
     p.add_argument("--skip-hf", action="store_true", help="do not run HF Transformers")
     p.add_argument("--plot-dir", default=None, help="also save serving_timeline.png there")
     p.add_argument("--seed", type=int, default=0, help="trace seed (default: 0)")
@@ -253,7 +267,7 @@ def main(args) -> int:
         raise ValueError(f"--hf-batch-sizes={args.hf_batch_sizes!r} must list positive integers, e.g. 8,16")
     r = run(args.model, args.requests, args.scale, args.kv_capacity, args.max_model_len, args.max_num_seqs,
             hf_batch_sizes=sizes, pressure_capacity=args.pressure_capacity, seed=args.seed,
-            progress=not args.json, skip_hf=args.skip_hf, plot_dir=args.plot_dir)
+            progress=not args.json, skip_hf=args.skip_hf, plot_dir=args.plot_dir, attention=args.attention)
     if args.json:
         for s in r["systems"] + r["pressure"]:
             s.pop("outputs")

@@ -8,7 +8,7 @@ benchmark, ``python -m minipaged bench serving``, measures it on the real model)
 
     from minipaged.simulator.serving import simulate_serving
     run = simulate_serving("continuous", make_policy("on_demand", num_slots=4096), requests)
-    run.steps, run.batch_sizes, run.blocks_used, run.preemptions
+    run.steps, run.batch_sizes, run.kv_held, run.preemptions
 
 Not modelled: time per step (a prefill step costs more than a decode step on a real model).
 """
@@ -37,7 +37,7 @@ class ServingRun:
     policy: str
     steps: int = 0
     batch_sizes: list[int] = field(default_factory=list)  # sequences in each step's forward pass
-    blocks_used: list[float] = field(default_factory=list)  # fraction of the pool held, each step
+    kv_held: list[float] = field(default_factory=list)  # fraction of the pool's slots held, each step
     prefill_tokens: list[int] = field(default_factory=list)
     finish_step: dict[int, int] = field(default_factory=dict)  # request id -> step it finished in
     first_token_step: dict[int, int] = field(default_factory=dict)
@@ -91,8 +91,8 @@ def simulate_serving(scheduler: str, policy, requests, *, max_num_seqs: int = 25
         run.steps += 1
         run.batch_sizes.append(len(plan.work))
         run.prefill_tokens.append(plan.num_prefill_tokens)
-        if hasattr(policy, "pool"):
-            run.blocks_used.append(1 - policy.pool.num_free / policy.num_blocks)
+        usage = policy.usage()
+        run.kv_held.append(usage.occupied / usage.total)
         for work in plan.work:
             for seq in [*sched.fork_children(work.seq), work.seq]:
                 seq.append(7, tokenizer)

@@ -139,3 +139,19 @@ def test_beam_search_survives_preemption(mode):
         assert stats.get("preempted_swap", 0) > 0 and small.engine.swap_space.stats["swap_ins"] > 0
     assert got == want
     assert_clean(small)
+
+
+@pytest.mark.slow
+def test_real_model_outputs_survive_preemption(real_llm):
+    prompts = [real_llm.tokenizer.apply_chat_template([{"role": "user", "content": q}]) for q in
+               ("What is a page table?", "Name three colors.", "Why is the sky blue?", "Count to five.")]
+    greedy = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)
+    want = [o.outputs[0].token_ids for o in real_llm.generate(prompts, greedy, use_tqdm=False)]
+    for mode in ("recompute", "swap"):
+        llm = LLM("smollm2-135m", kv_policy="on_demand", kv_capacity_tokens=160, block_size=16, max_model_len=160,
+                  preemption_mode=mode, progress=False)
+        got = [o.outputs[0].token_ids for o in llm.generate(prompts, greedy, use_tqdm=False)]
+        assert llm.engine.stats["preemptions"] >= 3, "the pool was meant to run dry; the test proves nothing"
+        assert llm.engine.stats["preempted_" + mode] > 0
+        assert got == want, mode
+        assert_clean(llm)

@@ -1,0 +1,63 @@
+"""The batched PyTorch attention (the benchmark's fast path) against the reference, its oracle."""
+
+import random
+
+import pytest
+import torch
+
+from minipaged import LLM, SamplingParams
+from minipaged.attention import paged_attention
+
+
+def random_case(seed, num_heads, num_kv_heads, block_size, lengths, query_lens):
+    gen = torch.Generator().manual_seed(seed)
+    blocks = [-(-n // block_size) for n in lengths]
+    num_blocks = sum(blocks) + 2
+    physical = list(range(num_blocks))
+    random.Random(seed).shuffle(physical)
+    tables = torch.full((len(lengths), max(blocks) + 1), -1, dtype=torch.int32)  # padding never read
+    for i, count in enumerate(blocks):
+        tables[i, :count] = torch.tensor([physical.pop() for _ in range(count)])
+    k = torch.randn(num_blocks, block_size, num_kv_heads, 16, generator=gen)
+    v = torch.randn(num_blocks, block_size, num_kv_heads, 16, generator=gen)
+    q = torch.randn(sum(query_lens), num_heads, 16, generator=gen)
+    return q, k, v, tables, torch.tensor(lengths, dtype=torch.int32), torch.tensor(query_lens, dtype=torch.int32)
+
+
+@pytest.mark.parametrize("heads", [(4, 4), (9, 3), (8, 2)])
+@pytest.mark.parametrize("block_size", [1, 4, 16])
+@pytest.mark.parametrize("seed", range(3))
+def test_batched_equals_reference(heads, block_size, seed):
+    rng = random.Random(seed)
+    lengths = [rng.choice([1, block_size - 1 or 1, block_size, block_size + 1, rng.randint(1, 70)]) for _ in range(6)]
+    decode = random_case(seed, *heads, block_size, lengths, [1] * 6)
+    query_lens = [rng.randint(1, n) for n in lengths]  # prefill over the cache, chunks, verification
+    mixed = random_case(seed, *heads, block_size, lengths, query_lens)
+    for q, k, v, tables, ctx, qlen in (decode, mixed):
+        want = paged_attention(q, k, v, tables, ctx, query_lens=qlen, backend="torch")
+        got = paged_attention(q, k, v, tables, ctx, query_lens=qlen, backend="torch_batched")
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    q, k, v, tables, ctx, _ = decode
+    torch.testing.assert_close(paged_attention(q, k, v, tables, ctx, backend="torch_batched"),
+                               paged_attention(q, k, v, tables, ctx), rtol=1e-5, atol=1e-5)
+
+
+def test_fp16_inputs_keep_their_dtype():
+    q, k, v, tables, ctx, qlen = random_case(0, 9, 3, 16, [5, 40], [5, 1])
+    got = paged_attention(q.half(), k.half(), v.half(), tables, ctx, query_lens=qlen, backend="torch_batched")
+    want = paged_attention(q.half(), k.half(), v.half(), tables, ctx, query_lens=qlen)
+    assert got.dtype == torch.float16
+    torch.testing.assert_close(got, want, rtol=2e-3, atol=2e-3)
+
+
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+def test_engine_tokens_equal_the_reference_backend(mode):
+    prompts = [[1, 2, 3], [7, 8, 9, 10, 11, 12], [42] * 20, list(range(30, 70))]
+    greedy = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
+    outs = {}
+    for backend in ("torch", "torch_batched"):
+        llm = LLM("tiny", kv_policy="on_demand", kv_capacity_tokens=96, block_size=4, max_model_len=96,
+                  preemption_mode=mode, attention_backend=backend, progress=False)
+        outs[backend] = [o.outputs[0].token_ids for o in llm.generate(prompts, greedy, use_tqdm=False)]
+        assert llm.engine.stats["preemptions"] > 0
+    assert outs["torch_batched"] == outs["torch"]

@@ -54,7 +54,8 @@ def capacity_sweep() -> None:
         batches.append((static["mean_batch"], continuous["mean_batch"]))
         print(f"capacity {capacity:5}: static {static['requests_per_s']:.2f} req/s (batch {static['mean_batch']:.1f}), "
               f"continuous {continuous['requests_per_s']:.2f} req/s (batch {continuous['mean_batch']:.1f}, "
-              f"{continuous['preemptions']} preemptions): {ratios[-1]:.2f}x, identical outputs {r['identical_outputs']}")
+              f"{continuous['preemptions']} preemptions): {ratios[-1]:.2f}x, "
+              f"identical outputs {r['identical_outputs']}")
     fig = Figure(figsize=(6.4, 4.0))
     ax = fig.add_subplot()
     ax.plot(CAPACITIES, ratios, marker="o", color="#2e7d32")

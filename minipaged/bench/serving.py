@@ -1,6 +1,6 @@
 """Chapter 06's benchmark: what continuous batching over paged memory buys, on the real model.
 
-    python -m minipaged bench serving [--requests 64] [--scale 0.1] [--kv-capacity 2048] [--json]
+    python -m minipaged bench serving [--requests 64] [--scale 0.1] [--kv-capacity 1536] [--json]
 
 One ShareGPT-like trace (the simulator's, lengths scaled by --scale so the run takes minutes on two
 cores; prompts are seeded random token ids, every request asks for exactly its own output length
@@ -11,13 +11,16 @@ with ignore_eos), all requests arriving at once, served by:
     HF generate (padded)     HF Transformers' generate over left-padded batches of a fixed size, at
                              each of --hf-batch-sizes that fits the same KV capacity; the best is kept
 
-Every system gets the same KV capacity (token slots), the same prompts and the same output lengths,
-in one process, one after the other. The engine's systems all use the batched PyTorch attention
-(``--attention torch_batched``, checked against the reference in the tests; ``torch`` is the
-reference itself, slower on a CPU). Printed per system: requests/s, output tokens/s, time to first
-token and latency (p50, p99; HF's generate returns a batch at once, so its first token is not seen),
-mean running batch, KV utilization (tokens / slots held; mean over steps and peak) and preemptions;
-then the ratios; then
+Every system gets the same KV capacity: by default 1536 token slots, six slabs of max_model_len, close
+to the room of the vLLM paper's setting (there OPT-13B on a 40 GB A100 keeps about 12 GB for K/V at
+800 KB per token: some 15,000 tokens, seven slabs of 2048). The same prompts and the same output
+lengths go to every system, in one process, one after the other. The engine's systems all use the
+batched PyTorch attention (``--attention torch_batched``, checked against the reference in the
+tests; ``torch`` is the reference itself, slower on a CPU).
+
+Printed per system: requests/s, output tokens/s, time to first token and latency (p50, p99; HF's
+generate returns a batch at once, so its first token is not seen), mean running batch, KV
+utilization (tokens / slots held; mean over steps and peak) and preemptions; then the ratios; then
 the engine's bookkeeping (step time outside the model's forward pass) at a full running batch; then
 recompute vs swap on the same trace with a pool small enough to force preemptions.
 
@@ -134,7 +137,7 @@ def run_hf(trace, capacity: int, batch_sizes, progress: bool = False) -> dict | 
             "requests": len(trace), "output_tokens": sum(lens)}
 
 
-def run(model="smollm2-135m", requests=64, scale=0.1, kv_capacity=2048, max_model_len=256, max_num_seqs=32,
+def run(model="smollm2-135m", requests=64, scale=0.1, kv_capacity=1536, max_model_len=256, max_num_seqs=32,
         block_size=16, hf_batch_sizes=(4, 8, 16), pressure_capacity=None, seed=0, progress=False,
         skip_hf=False, plot_dir=None, attention="torch_batched", skip_pressure=False) -> dict:
     from minipaged import LLM
@@ -244,7 +247,8 @@ def add_arguments(p):
     p.add_argument("--requests", type=int, default=64, help="requests in the trace (default: 64)")
     p.add_argument("--scale", type=float, default=0.1,
                    help="multiply the ShareGPT-like prompt and output lengths by this (default: 0.1)")
-    p.add_argument("--kv-capacity", type=int, default=2048, help="KV token slots every system gets (default: 2048)")
+    p.add_argument("--kv-capacity", type=int, default=1536,
+                   help="KV token slots every system gets (default: 1536, six max_model_len slabs)")
     p.add_argument("--max-model-len", type=int, default=256,
                    help="longest prompt + output; the contiguous slab size (default: 256)")
     p.add_argument("--max-num-seqs", type=int, default=32, help="most sequences in a running batch (default: 32)")

@@ -31,8 +31,8 @@ take): the memory that sharing saved.
 
 Everything else is chapter 04's on-demand allocation (same admission, watermark, NoFreeMemory).
 
-Not handled: sharing between unrelated requests (prefix caching, chapter 07), swapping shared blocks
-to CPU memory (chapter 06 must move a shared block once, not once per holder).
+Not handled: sharing between unrelated requests (prefix caching, chapter 07). Swapping shared blocks
+to CPU memory is chapter 06's kv/swap.py, which moves a shared block once, not once per holder.
 """
 
 from __future__ import annotations

@@ -32,6 +32,6 @@ def plot_serving_timeline(timelines: dict, capacity: int | None = None, path: st
     bottom.set_ylim(0, 105)
     bottom.set_xlabel(x_label)
     bottom.grid(alpha=0.3)
-    size = f" of {capacity} token slots" if capacity else ""
-    top.set_title(title or f"running batch and KV memory held{size}, per step")
+    size = f" (a pool of {capacity} token slots)" if capacity else ""
+    top.set_title(title or f"running batch and KV memory held, per step{size}")
     return save(fig, path)

@@ -10,6 +10,21 @@ def tiny_llm():
     return LLM("tiny", progress=False)
 
 
+@pytest.fixture
+def run_notebook():
+    """Execute a notebook top to bottom in a fresh kernel, in its own folder; returns the text that
+    its code cells printed."""
+    def run(path):
+        nbformat = pytest.importorskip("nbformat")
+        nbclient = pytest.importorskip("nbclient")
+        nb = nbformat.read(path, as_version=4)
+        nbclient.NotebookClient(nb, timeout=600, kernel_name="python3",
+                                resources={"metadata": {"path": str(path.parent)}}).execute()
+        return "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+
+    return run
+
+
 @pytest.fixture(scope="session")
 def real_llm():
     from minipaged import LLM

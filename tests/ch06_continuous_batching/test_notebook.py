@@ -36,12 +36,7 @@ def test_notebook_step_counts_match_the_schedulers(seed):
 
 
 @pytest.mark.slow
-def test_notebook_runs_top_to_bottom():
-    nbformat = pytest.importorskip("nbformat")
-    nbclient = pytest.importorskip("nbclient")
-    nb = nbformat.read(NOTEBOOK, as_version=4)
-    nbclient.NotebookClient(nb, timeout=600, kernel_name="python3",
-                            resources={"metadata": {"path": str(NOTEBOOK.parent)}}).execute()
-    text = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+def test_notebook_runs_top_to_bottom(run_notebook):
+    text = run_notebook(NOTEBOOK)
     assert "same tokens False" not in text and text.count("same tokens True") == 4
     assert "identical greedy outputs across the engine's systems: True" in text

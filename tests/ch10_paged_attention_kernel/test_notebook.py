@@ -50,12 +50,7 @@ def test_notebook_online_softmax_and_merge_match_the_reference(tile):
 
 
 @pytest.mark.slow
-def test_notebook_runs_top_to_bottom(numba_cuda):
-    nbformat = pytest.importorskip("nbformat")
-    nbclient = pytest.importorskip("nbclient")
-    nb = nbformat.read(NOTEBOOK, as_version=4)
-    nbclient.NotebookClient(nb, timeout=600, kernel_name="python3",
-                            resources={"metadata": {"path": str(NOTEBOOK.parent)}}).execute()
-    text = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+def test_notebook_runs_top_to_bottom(numba_cuda, run_notebook):
+    text = run_notebook(NOTEBOOK)
     assert "same tokens: True" in text and "sm_90: NO" not in text and "sm_90: yes" in text
     assert torch.tensor(0) == 0  # torch imported here too: nothing in the notebook broke this process

@@ -55,7 +55,7 @@ class NaiveEngine:
     def run_sequence(self, seq: Sequence, generator: torch.Generator | None = None) -> Sequence:
         generator = generator or make_generator(seq.params.seed)
         kv = PerRequestKVCache(self.model.config.num_layers) if self.use_cache else NoCache()
-        logits = self._forward(seq.prompt_ids, 0, kv if self.use_cache else NoCache())
+        logits = self._forward(seq.prompt_ids, 0, kv)  # prefill: the whole prompt
         next_token(seq, logits, generator, self.tokenizer)
         t0 = seq.first_token_time = time.perf_counter()
         while not seq.finished:

@@ -30,9 +30,9 @@ class PerRequestKVCache:
         return 0 if self.k[0] is None else self.k[0].shape[0]
 
     def attend(self, layer: int, q, k, v):  # q [T, H, Dh]; k, v [T, KVH, Dh] for the T new tokens
-        if self.k[layer] is None:
+        if self.k[layer] is None:  # prefill: the prompt's K and V
             self.k[layer], self.v[layer] = k, v
-        else:
+        else:  # decode: append the new rows
             self.k[layer] = torch.cat([self.k[layer], k])  # [cached + T, KVH, Dh]
             self.v[layer] = torch.cat([self.v[layer], v])
         cached = self.k[layer].shape[0]

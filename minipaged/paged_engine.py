@@ -58,6 +58,9 @@ class PagedEngine:
                       "refused": 0, "max_running": 0, "usage": [], "forks": 0, "block_copies": 0,
                       "blocks_physical": [], "blocks_logical": [], "batch_sizes": [], "kv_occupied": [],
                       "step_seconds": [], "forward_seconds": [], "swap_seconds": 0.0}
+        if preemption_mode == "swap" and not hasattr(policy, "detach"):
+            raise ValueError(f"preemption_mode='swap' needs a block-table policy (block_table, on_demand, shared); "
+                             f"{policy.label} reserves each request's memory up front and never preempts")
         swap_blocks = swap_space_tokens // policy.block_size
         self.swap_space = SwapSpace(swap_blocks, policy.block_size) if swap_blocks and hasattr(policy, "detach") \
             else None

@@ -117,9 +117,10 @@ def test_bad_scheduling_options_name_the_field():
                           ({"max_num_batched_tokens": 0}, "max_num_batched_tokens="),
                           ({"swap_space_tokens": -1}, "swap_space_tokens="),
                           ({"preemption_mode": "swap", "swap_space_tokens": 0}, "swap_space_tokens="),
-                          ({"watermark": 1.5}, "watermark")]:
+                          ({"watermark": 1.5}, "watermark"),
+                          ({"kv_policy": "contiguous", "preemption_mode": "swap"}, "block-table policy")]:
         with pytest.raises(ValueError, match=field):
-            LLM("tiny", kv_policy="on_demand", progress=False, **kwargs)
+            LLM("tiny", **{"kv_policy": "on_demand", "progress": False, **kwargs})
 
 
 @pytest.mark.parametrize("mode", ["recompute", "swap"])

@@ -99,9 +99,9 @@ class ContinuousScheduler:
 
     def _plan(self, group: Group, plan: StepPlan) -> None:
         """Slots for every uncached token of the group (the caller has checked they fit)."""
-        for seq_id_n, seq in zip(self._appends(group), group.seqs):
+        for seq in group.seqs:
             cached = self.policy.num_tokens(seq.seq_id)
-            plan.work.append(ScheduledSeq(seq, cached, self.policy.append_slots(*seq_id_n)))
+            plan.work.append(ScheduledSeq(seq, cached, self.policy.append_slots(seq.seq_id, seq.num_tokens - cached)))
 
     def _schedule_running(self, plan: StepPlan) -> None:
         i = 0
@@ -123,8 +123,9 @@ class ContinuousScheduler:
             if not self.swap_space.can_swap_in(self.policy, ids, keep_free=keep_free):
                 return
             self.swapped.popleft()
-            plan.swap_in += self.swap_space.swap_in(self.policy, ids)
-            self.stats["blocks_swapped_in"] = self.swap_space.stats["blocks_in"]
+            copies = self.swap_space.swap_in(self.policy, ids)
+            plan.swap_in += copies
+            self.stats["blocks_swapped_in"] += len(copies)
             self.running.append(group)
             self._plan(group, plan)
 
@@ -159,21 +160,18 @@ class ContinuousScheduler:
             self._plan(group, plan)
 
     def _allocate(self, group: Group) -> bool:
-        """Allocate every sequence of the group, all or nothing. False if there is no room now."""
+        """Allocate every sequence of the group, all or nothing. False if there is no room now;
+        ValueError (nothing allocated) if the policy says it can never fit."""
         done = []
         try:
             for seq in group.seqs:
-                if not self.policy.can_allocate(seq.num_tokens, self._remaining(seq)):
-                    raise NoFreeMemory("no room now")
                 self.policy.allocate(seq.seq_id, seq.num_tokens, self._remaining(seq))
                 done.append(seq)
-        except NoFreeMemory:
+        except (NoFreeMemory, ValueError) as e:
             for seq in done:
                 self.policy.free(seq.seq_id)
-            return False
-        except ValueError:
-            for seq in done:
-                self.policy.free(seq.seq_id)
+            if isinstance(e, NoFreeMemory):
+                return False
             raise
         return True
 
@@ -211,8 +209,9 @@ class ContinuousScheduler:
         cached = sum(self.policy.num_tokens(i) for i in ids)
         if self.preemption_mode == "swap" and cached:
             if self.swap_space.can_swap_out(self.policy, ids):
-                plan.swap_out += self.swap_space.swap_out(self.policy, ids)
-                self.stats["blocks_swapped_out"] = self.swap_space.stats["blocks_out"]
+                copies = self.swap_space.swap_out(self.policy, ids)
+                plan.swap_out += copies
+                self.stats["blocks_swapped_out"] += len(copies)
                 self.stats["preempted_swap"] += 1
                 self._queue_swapped(group)
                 return

@@ -47,10 +47,10 @@ def _check_scheduling(scheduler, preemption_mode, max_num_batched_tokens, swap_s
         raise ValueError(f"scheduler={scheduler!r} is not known; choose one of {list(SCHEDULERS)}")
     if preemption_mode not in PREEMPTION_MODES:
         raise ValueError(f"preemption_mode={preemption_mode!r} is not known; choose one of {list(PREEMPTION_MODES)}")
-    for name, value in (("max_num_batched_tokens", max_num_batched_tokens), ("swap_space_tokens", swap_space_tokens)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0
-                                  or (name == "max_num_batched_tokens" and value < 1)):
-            raise ValueError(f"{name}={value!r} must be a positive integer or None")
+    for name, value, least in (("max_num_batched_tokens", max_num_batched_tokens, 1),
+                               ("swap_space_tokens", swap_space_tokens, 0)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < least):
+            raise ValueError(f"{name}={value!r} must be an integer >= {least}, or None")
 
 
 class LLM:

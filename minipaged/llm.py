@@ -68,6 +68,8 @@ class LLM:
             "on_demand"    (chapter 04) blocks taken as tokens arrive;
             "shared"       (chapter 05) on_demand with reference-counted blocks and copy-on-write:
                            the n samples of a request share its prompt's blocks, beams share prefixes.
+            "prefix_caching" (chapter 07) shared, plus a cache of full blocks keyed by their tokens:
+                           requests that begin alike share those blocks, even one after the other.
             Every policy but "per_request" batches sequences in a shared pool (paged_engine.py).
         block_size: tokens per KV block (pooled policies; the contiguous arena uses 1).
         kv_capacity_tokens: size of the KV pool in token slots (pooled policies; default 8192).
@@ -85,7 +87,11 @@ class LLM:
         swap_space_tokens: size of the CPU swap space in token slots (default: kv_capacity_tokens
             with preemption_mode="swap", else 0).
         watermark: fraction of the pool that admission keeps free for the running sequences to grow
-            into (on_demand and shared; default 0.01).
+            into (on_demand, shared and prefix_caching; default 0.01).
+        enable_prefix_caching: (chapter 07) keep full KV blocks findable by their tokens after their
+            request is done, so a later prompt that starts the same skips that part of its prefill.
+            Needs kv_policy="shared" (blocks must count their holders); the same as
+            kv_policy="prefix_caching".
         use_cache: False recomputes every token's K and V at every step (the oracle for caching).
         max_model_len: longest prompt + output allowed (default: the model's context length).
         device: torch device for the model.
@@ -97,9 +103,16 @@ class LLM:
                  use_cache: bool = True, max_model_len: int | None = None, device: str = "cpu",
                  progress: bool = True, scheduler: str = "continuous", preemption_mode: str = "recompute",
                  max_num_batched_tokens: int | None = None, swap_space_tokens: int | None = None,
-                 watermark: float = 0.01):
+                 watermark: float = 0.01, enable_prefix_caching: bool = False):
         if kv_policy not in KV_POLICIES:
             raise ValueError(f"kv_policy={kv_policy!r} is not known; choose one of {list(KV_POLICIES)}")
+        if not isinstance(enable_prefix_caching, bool):
+            raise ValueError(f"enable_prefix_caching must be True or False, got {enable_prefix_caching!r}")
+        if enable_prefix_caching:
+            if kv_policy not in ("shared", "prefix_caching"):
+                raise ValueError(f"enable_prefix_caching=True needs kv_policy='shared' (cached blocks are shared "
+                                 f"by counting their holders); kv_policy={kv_policy!r} cannot share a block")
+            kv_policy = "prefix_caching"
         _check_scheduling(scheduler, preemption_mode, max_num_batched_tokens, swap_space_tokens)
         loaded = load_model(model, dtype=dtype, seed=seed, progress=progress, device=device)
         self.model, self.tokenizer, self.config = loaded.model, loaded.tokenizer, loaded.config
@@ -115,7 +128,7 @@ class LLM:
 
             if not isinstance(max_num_seqs, int) or max_num_seqs < 1:
                 raise ValueError(f"max_num_seqs={max_num_seqs!r} must be an integer >= 1")
-            options = {"watermark": watermark} if kv_policy in ("on_demand", "shared") else {}
+            options = {"watermark": watermark} if kv_policy in ("on_demand", "shared", "prefix_caching") else {}
             policy = make_policy(kv_policy, num_slots=kv_capacity_tokens, block_size=block_size,
                                  max_model_len=self.max_model_len, reservation=reservation, **options)
             if swap_space_tokens is None:
@@ -216,7 +229,7 @@ class LLM:
                 self.engine.run([seq for group in groups for seq in group], generators, on_finish)
         bar.close()
         return [RequestOutput(str(next(self._request_ids)), text, ids, [seq.to_output() for seq in group],
-                              metrics=_metrics(group))
+                              metrics=_metrics(group), num_cached_tokens=group[0].num_cached_tokens)
                 for (text, ids), group in zip(requests, groups)]
 
     def beam_search(self, prompts, params, use_tqdm: bool = False):

@@ -27,3 +27,4 @@ class RequestOutput:
     outputs: list[CompletionOutput] = field(default_factory=list)
     finished: bool = True
     metrics: dict | None = None  # engine-side counters (steps, KV bytes...), for the chapters
+    num_cached_tokens: int = 0  # prompt tokens served by the prefix cache (chapter 07)

@@ -28,7 +28,12 @@ is the same.
 Timing (``stats``): each step's wall time and the model's forward time within it, so a benchmark
 can report the engine's own bookkeeping (everything but the forward pass) as a fraction of the step.
 
-Not handled here: prefix caching (07), chunked prefill (08). Beam search drives this engine's
+Prefix caching (chapter 07, kv/prefix_cache.py) needs one thing from the engine: after each forward
+pass it tells the policy which tokens' K/V it wrote (``commit_tokens``), so full blocks can be
+found again by later requests. The scheduler admits with token ids, and the cached part of a prompt
+is simply "already cached": the forward pass computes ``all_ids[cached:]`` as for any sequence.
+
+Not handled here: chunked prefill (08). Beam search drives this engine's
 ``forward`` from minipaged/beam_search.py with a loop of its own.
 """
 
@@ -121,6 +126,8 @@ class PagedEngine:
         if logits.is_cuda:
             torch.cuda.synchronize()
         self.stats["forward_seconds"].append(time.perf_counter() - start)
+        for seq_id, new_tokens, _, _ in work:  # their K/V is written now (a prefix cache records it)
+            self.policy.commit_tokens(seq_id, new_tokens)
         self.stats["forward_passes"] += 1
         self.stats["tokens_computed"] += len(tokens)
         self.stats["max_running"] = max(self.stats["max_running"], len(work))

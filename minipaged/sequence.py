@@ -32,6 +32,7 @@ class Sequence:
     arrival_time: float | None = None
     first_token_time: float | None = None
     finished_time: float | None = None
+    num_cached_tokens: int = 0  # prompt tokens the prefix cache served at its first prefill (chapter 07)
 
     @property
     def all_ids(self) -> list[int]:

@@ -1,6 +1,6 @@
 """KV-cache bookkeeping: where every sequence's keys and values live, as plain Python (no torch).
 
-One interface (``KVPolicy``, see base.py for the calls and the waste accounting), five policies,
+One interface (``KVPolicy``, see base.py for the calls and the waste accounting), six policies,
 one per chapter, all selectable by name through ``make_policy``:
 
     contiguous     ch01  one slab per request in one arena, first fit        contiguous.py
@@ -8,6 +8,7 @@ one per chapter, all selectable by name through ``make_policy``:
     block_table    ch03  block table: any free block, reserved up front       block_table.py, block_pool.py
     on_demand      ch04  block table grown one block at a time                on_demand.py
     shared         ch05  on_demand + reference counts, fork, copy-on-write    shared.py
+    prefix_caching ch07  shared + full blocks found again by their tokens     prefix_cache.py
 """
 
 from minipaged.kv.base import (
@@ -21,14 +22,22 @@ from minipaged.kv.base import (
 from minipaged.kv.block_pool import BlockPool
 from minipaged.kv.block_table import BlockTablePolicy
 from minipaged.kv.contiguous import ContiguousArena
-from minipaged.kv.factory import ALL_POLICIES, POLICIES, RESERVING_POLICIES, SHARING_POLICIES, make_policy
+from minipaged.kv.factory import (
+    ALL_POLICIES,
+    POLICIES,
+    PREFIX_POLICIES,
+    RESERVING_POLICIES,
+    SHARING_POLICIES,
+    make_policy,
+)
 from minipaged.kv.fixed_blocks import FixedBlockPolicy
 from minipaged.kv.on_demand import OnDemandPolicy
+from minipaged.kv.prefix_cache import PrefixBlockPool, PrefixCachingPolicy
 from minipaged.kv.shared import RefCountedBlockPool, SharedPolicy, Sharing
 
 __all__ = [
     "KVPolicy", "Usage", "NoFreeMemory", "ReservationExceeded", "RESERVATION_RULES", "reservation_tokens",
     "ContiguousArena", "FixedBlockPolicy", "BlockPool", "BlockTablePolicy", "OnDemandPolicy",
-    "RefCountedBlockPool", "SharedPolicy", "Sharing",
-    "POLICIES", "RESERVING_POLICIES", "SHARING_POLICIES", "ALL_POLICIES", "make_policy",
+    "RefCountedBlockPool", "SharedPolicy", "Sharing", "PrefixBlockPool", "PrefixCachingPolicy",
+    "POLICIES", "RESERVING_POLICIES", "SHARING_POLICIES", "PREFIX_POLICIES", "ALL_POLICIES", "make_policy",
 ]

@@ -17,6 +17,8 @@ slots. The engine and the trace simulator drive every policy through the same ca
     check_invariants()                      AssertionError with a clear message if bookkeeping broke
     drain_copies() -> [(src, dst)]          block copies the engine makes before writing (always []
                                             except under copy-on-write, chapter 05's kv/shared.py)
+    commit_tokens(seq_id, token_ids)        the engine has written these tokens' K/V (only the prefix
+                                            cache, chapter 07's kv/prefix_cache.py, listens)
 
 A slot is ``block * block_size + offset``. The prompt is written like any other tokens: the engine
 calls ``append_slots(seq_id, prompt_len)`` for its prefill, then ``append_slots(seq_id, 1)`` per step.
@@ -54,7 +56,8 @@ The split of unused allocated slots into ``reserved`` and ``internal`` is exact 
 final length is known (the simulator knows it); their sum is always exact.
 
 Not handled here: sharing blocks between sequences (copy-on-write is kv/shared.py, chapter 05; prefix
-caching is later) and the choice of what to admit or preempt (the scheduler's job, later chapters).
+caching is kv/prefix_cache.py, chapter 07) and the choice of what to admit or preempt (the scheduler's
+job, chapter 06).
 """
 
 from __future__ import annotations
@@ -173,6 +176,7 @@ class KVPolicy:
 
     name = "base"
     shares_blocks = False  # True for policies with fork / copy-on-write (chapter 05, kv/shared.py)
+    caches_prefixes = False  # True when allocate(..., token_ids=) can find cached blocks (chapter 07)
 
     def __init__(self, num_slots: int, block_size: int, max_model_len: int):
         check_positive_int("block_size", block_size)
@@ -282,6 +286,10 @@ class KVPolicy:
         """Block copies (src, dst) the engine must make in K and V before the next write, oldest first,
         and forget them. Only copy-on-write policies (chapter 05) ever ask for one."""
         return []
+
+    def commit_tokens(self, seq_id, token_ids) -> None:
+        """The engine has written the K/V of these next tokens of the sequence. Only a prefix cache
+        (chapter 07) needs to know which tokens they were."""
 
     def free(self, seq_id) -> None:
         """Give back everything the sequence holds. It may be allocated again later (preemption)."""

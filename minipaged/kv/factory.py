@@ -5,9 +5,10 @@
     make_policy("block_table", num_slots=32768, block_size=16)        chapter 03
     make_policy("on_demand", num_slots=32768, block_size=16)          chapter 04
     make_policy("shared", num_slots=32768, block_size=16)             chapter 05 (fork, copy-on-write)
+    make_policy("prefix_caching", num_slots=32768, block_size=16)     chapter 07 (shared + a block cache)
 
 ``reservation`` ("max", "pow2" or "oracle") applies to the three reserving policies; on_demand
-and shared reserve nothing ahead and ignore it. The contiguous arena always has block_size 1.
+shared and prefix_caching reserve nothing ahead and ignore it. The contiguous arena always has block_size 1.
 """
 
 from __future__ import annotations
@@ -17,12 +18,14 @@ from minipaged.kv.block_table import BlockTablePolicy
 from minipaged.kv.contiguous import ContiguousArena
 from minipaged.kv.fixed_blocks import FixedBlockPolicy
 from minipaged.kv.on_demand import OnDemandPolicy
+from minipaged.kv.prefix_cache import PrefixCachingPolicy
 from minipaged.kv.shared import SharedPolicy
 
 POLICIES = ("contiguous", "fixed_blocks", "block_table", "on_demand")
 RESERVING_POLICIES = ("contiguous", "fixed_blocks", "block_table")
 SHARING_POLICIES = ("shared",)  # chapter 05: on_demand plus reference counts and copy-on-write
-ALL_POLICIES = (*POLICIES, *SHARING_POLICIES)
+PREFIX_POLICIES = ("prefix_caching",)  # chapter 07: shared plus full blocks found again by content
+ALL_POLICIES = (*POLICIES, *SHARING_POLICIES, *PREFIX_POLICIES)
 
 
 def make_policy(name: str, num_slots: int, block_size: int = 16, max_model_len: int = 2048,
@@ -40,6 +43,8 @@ def make_policy(name: str, num_slots: int, block_size: int = 16, max_model_len: 
     if name == "block_table":
         return BlockTablePolicy(num_slots, block_size=block_size, max_model_len=max_model_len,
                                 reservation=reservation, **options)
+    if name == "prefix_caching":
+        return PrefixCachingPolicy(num_slots, block_size=block_size, max_model_len=max_model_len, **options)
     if name == "shared":
         return SharedPolicy(num_slots, block_size=block_size, max_model_len=max_model_len, **options)
     return OnDemandPolicy(num_slots, block_size=block_size, max_model_len=max_model_len, **options)

@@ -110,8 +110,8 @@ class SharedPolicy(OnDemandPolicy):
 
     def __init__(self, num_slots: int, block_size: int = 16, max_model_len: int = 2048,
                  watermark: float = 0.01, pool: RefCountedBlockPool | None = None):
-        if pool is not None and not isinstance(pool, RefCountedBlockPool):
-            raise ValueError(f"pool must be a RefCountedBlockPool for {self.name!r}, got {type(pool).__name__}")
+        if pool is not None and not isinstance(pool, self.pool_class):
+            raise ValueError(f"pool must be a {self.pool_class.__name__} for {self.name!r}, got {type(pool).__name__}")
         super().__init__(num_slots, block_size=block_size, max_model_len=max_model_len,
                          watermark=watermark, pool=pool)
         self._copies: list[tuple[int, int]] = []  # (src, dst) block copies the engine has not made yet

@@ -30,7 +30,8 @@ swapping to disk.
 
 from __future__ import annotations
 
-from minipaged.kv.block_table import BlockTable
+from dataclasses import replace
+
 from minipaged.kv.shared import RefCountedBlockPool
 
 
@@ -73,9 +74,8 @@ class SwapSpace:
                 else:
                     (to_cpu[block],) = self.pool.take(1)
                 cpu_blocks.append(to_cpu[block])
-            policy.pool.release(table.blocks)  # the device copy may be reused once its K/V has left
-            self._tables[seq_id] = BlockTable(table.prompt_len, table.max_new_tokens, table.final_len,
-                                              num_tokens=table.num_tokens, blocks=cpu_blocks)
+            policy.pool.release(table.blocks[::-1])  # reusable once its K/V has left; last block first
+            self._tables[seq_id] = replace(table, blocks=cpu_blocks)  # whatever else the table records, kept
         self.stats["swap_outs"] += 1
         self.stats["blocks_out"] += len(to_cpu)
         return list(to_cpu.items())
@@ -103,8 +103,7 @@ class SwapSpace:
                     to_device[block] = fresh.pop()
                 device_blocks.append(to_device[block])
             self.pool.release(table.blocks)
-            policy.attach(seq_id, BlockTable(table.prompt_len, table.max_new_tokens, table.final_len,
-                                             num_tokens=table.num_tokens, blocks=device_blocks))
+            policy.attach(seq_id, replace(table, blocks=device_blocks))
         self.stats["swap_ins"] += 1
         self.stats["blocks_in"] += len(to_device)
         return list(to_device.items())

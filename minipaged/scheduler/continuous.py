@@ -30,7 +30,10 @@ The token budget: a step's new tokens stay within ``max_num_batched_tokens``, ex
 with nothing else in it always takes the head of the queue whole, so a long prompt is never starved
 (chapter 08 splits such prompts into chunks instead).
 
-Not handled: priorities, chunked prefill (08), prefix-cache-aware admission (07).
+With a prefix cache (chapter 07) a request is admitted with its token ids, so the blocks already
+cached count as computed, and only its uncached tokens count against the token budget.
+
+Not handled: priorities, chunked prefill (08), favouring requests with long cache hits.
 """
 
 from __future__ import annotations
@@ -141,7 +144,7 @@ class ContinuousScheduler:
                 return
             if self.running and self.num_running_seqs() + group.num_seqs > self.max_num_seqs:
                 return
-            tokens = sum(s.num_tokens for s in group.seqs)  # after a preemption, the outputs too
+            tokens = sum(s.num_tokens - self._cached_prefix(s) for s in group.seqs)  # outputs too, if preempted
             if budget is not None and plan.work and plan.num_tokens + tokens > budget:
                 return
             reason = self._never_fits(group)
@@ -165,7 +168,12 @@ class ContinuousScheduler:
         done = []
         try:
             for seq in group.seqs:
-                self.policy.allocate(seq.seq_id, seq.num_tokens, self._remaining(seq))
+                if self.policy.caches_prefixes:  # chapter 07: the cached blocks of its tokens count as computed
+                    self.policy.allocate(seq.seq_id, seq.num_tokens, self._remaining(seq), token_ids=seq.all_ids)
+                    if not seq.output_ids:
+                        seq.num_cached_tokens = self.policy.num_tokens(seq.seq_id)
+                else:
+                    self.policy.allocate(seq.seq_id, seq.num_tokens, self._remaining(seq))
                 done.append(seq)
         except (NoFreeMemory, ValueError) as e:
             for seq in done:
@@ -174,6 +182,10 @@ class ContinuousScheduler:
                 return False
             raise
         return True
+
+    def _cached_prefix(self, seq) -> int:
+        """Tokens of seq the prefix cache would serve (chapter 07); they cost no compute this step."""
+        return self.policy.cached_prefix_tokens(seq.all_ids) if self.policy.caches_prefixes else 0
 
     @staticmethod
     def _remaining(seq) -> int:

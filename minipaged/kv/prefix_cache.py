@@ -1,0 +1,302 @@
+"""Chapter 07: prefix caching. Full blocks are found again by their content, across requests.
+
+An operating system keeps a page cache: a file read once stays in memory after the process that read
+it has exited, and the next process that opens the file gets the same pages without touching the
+disk. Here the "file" is a run of prompt tokens, the pages are KV blocks, and the disk read is the
+prefill. Many requests start alike (one system prompt, the same few-shot examples, the previous turns
+of a conversation), so their first blocks hold the same K/V and need computing only once.
+
+A full block is named by what it holds and everything before it:
+
+    key(block i) = (hash(key(block i - 1)), the block_size token ids of block i)       key(-1) = None
+
+The same tokens after a different prefix give different K/V (attention saw other tokens), so the
+parent's key is part of the name. The dictionary is keyed by the pair itself, so a lookup compares
+the token ids exactly; only the parent's 64-bit hash could in principle collide.
+
+    allocate(seq_id, ..., token_ids=ids)   walk ids block by block while the cache knows the key: those
+                                           blocks join the sequence's table (reference count + 1) and
+                                           count as computed; only the rest of the prompt is prefilled.
+                                           At least one prompt token is always left to compute, since
+                                           its logits give the first output token.
+    commit_tokens(seq_id, ids)             the engine reports K/V it has just written; every block that
+                                           became full gets its key and enters the cache
+    free(seq_id)                           a cached block nobody holds any more is not wiped: it waits
+                                           on an LRU list, still findable, and counts as free memory
+
+Blocks nobody holds are handed out plain free blocks first, then cached ones, least recently used
+first (its key is forgotten; ``stats["evictions"]``). A sequence gives its blocks back last block
+first, so the end of a prompt is evicted before its beginning: the beginning is what other
+requests share, and a block whose parent is gone can never be found again.
+
+Everything else is chapter 05's shared policy: a block held by several tables is never written in
+place. A cached block is full, and writes only go to a sequence's last, partly filled block, so a
+cached block never changes while it is cached.
+
+The same K/V bits for the same tokens: a hit is exact in the math, and greedy outputs equal the cold
+run's whenever the batch is the same. Across batch compositions the float sums may be ordered
+differently, as in every other chapter.
+
+Not handled: multi-modal or LoRA salts in the key, caching across processes, admission that favours
+requests with long hits (vLLM admits in arrival order too), beam search asking the cache at
+admission (its blocks do enter the cache).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from minipaged.kv.base import NoFreeMemory, blocks_for
+from minipaged.kv.block_table import BlockTable
+from minipaged.kv.shared import RefCountedBlockPool, SharedPolicy
+
+BlockKey = tuple  # (hash of the parent's key or None, token ids of the block)
+
+
+def block_keys(token_ids, block_size: int, parent: BlockKey | None = None, start: int = 0) -> list[BlockKey]:
+    """Keys of the full blocks of ``token_ids`` from block ``start`` on (``parent``: block start-1's key)."""
+    keys = []
+    for i in range(start, len(token_ids) // block_size):
+        parent = (hash(parent) if parent is not None else None, tuple(token_ids[i * block_size:(i + 1) * block_size]))
+        keys.append(parent)
+    return keys
+
+
+class PrefixBlockPool(RefCountedBlockPool):
+    """A reference-counted pool that remembers what its full blocks hold.
+
+    Free memory is two lists: blocks that hold nothing anyone can find (taken first) and cached
+    blocks nobody holds (in LRU order, evicted when the first list is empty). ``num_free`` counts both.
+    """
+
+    def __init__(self, num_blocks: int):
+        super().__init__(num_blocks)
+        self._block_of: dict[BlockKey, int] = {}  # the cache: key -> block
+        self._key_of: dict[int, BlockKey] = {}
+        self._evictable: OrderedDict[int, None] = OrderedDict()  # cached, count 0; oldest first
+        self.evictions = 0
+
+    @property
+    def num_free(self) -> int:
+        return super().num_free + len(self._evictable)
+
+    @property
+    def num_cached(self) -> int:
+        return len(self._block_of)
+
+    @property
+    def num_evictable(self) -> int:
+        return len(self._evictable)
+
+    def lookup(self, key: BlockKey) -> int | None:
+        return self._block_of.get(key)
+
+    def key_of(self, block: int) -> BlockKey | None:
+        return self._key_of.get(block)
+
+    def register(self, block: int, key: BlockKey) -> bool:
+        """Make a held, full block findable by key. False if another block already holds that content
+        (two sequences computed it side by side); then this one stays private."""
+        if self._refs[block] == 0:
+            raise RuntimeError(f"block {block} is free; only a held block can enter the cache")
+        if key in self._block_of or block in self._key_of:
+            return False
+        self._block_of[key], self._key_of[block] = block, key
+        return True
+
+    def reuse(self, block: int) -> None:
+        """One more holder for a cached block, which may be sitting on the LRU list."""
+        if self._refs[block] == 0:
+            del self._evictable[block]
+        self._refs[block] += 1
+
+    def take(self, n: int) -> list[int]:
+        if n > self.num_free:
+            raise NoFreeMemory(f"{n} blocks wanted, {self.num_free} free")
+        plain = min(n, super().num_free)
+        blocks = super().take(plain)
+        for _ in range(n - plain):  # the least recently used cached blocks give up their content
+            block, _ = self._evictable.popitem(last=False)
+            del self._block_of[self._key_of.pop(block)]
+            self._refs[block] = 1
+            self.evictions += 1
+            blocks.append(block)
+        return blocks
+
+    def release(self, blocks: list[int]) -> None:
+        for block in blocks:
+            if self._refs[block] == 0:
+                raise RuntimeError(f"block {block} is released twice")
+            if self._refs[block] == 1 and block in self._key_of:
+                self._refs[block] = 0
+                self._evictable[block] = None  # most recently used: evicted last
+            else:
+                super().release([block])
+
+    def is_free(self, block: int) -> bool:
+        return super().is_free(block) or block in self._evictable
+
+    def check_invariants(self) -> None:
+        assert all(self._refs[b] == 0 for b in self._evictable), "an evictable block has holders"
+        assert all(b in self._key_of for b in self._evictable), "an evictable block is not cached"
+        assert all(self._block_of[k] == b for b, k in self._key_of.items()), "the cache's two maps disagree"
+        assert len(self._block_of) == len(self._key_of), "the cache's two maps disagree"
+        plain_free = set(self._free_queue)
+        assert not plain_free & set(self._key_of), "a block on the plain free list is still cached"
+        # the parent's view: ref 0 <=> free, with evictable blocks counted as free
+        wrong = [b for b in range(self.num_blocks) if (self._refs[b] == 0) != self.is_free(b)]
+        assert not wrong, f"blocks {wrong[:8]}: reference count 0 must mean free (or evictable), and only then"
+        queued = list(self._free_queue)
+        assert len(set(queued)) == len(queued), "a block is on the free list twice"
+        assert sorted(queued) == [b for b in range(self.num_blocks) if self._is_free[b]], \
+            "the free bitmap disagrees with the free list"
+
+
+@dataclass
+class PrefixTable(BlockTable):
+    token_ids: list[int] = field(default_factory=list)  # the tokens whose K/V is written, in order
+    keys: list[BlockKey] = field(default_factory=list)  # key of each full block, in order
+    registered: int = 0  # full blocks offered to the cache so far
+
+
+class PrefixCachingPolicy(SharedPolicy):
+    name = "prefix_caching"
+    pool_class = PrefixBlockPool
+    caches_prefixes = True
+
+    def __init__(self, num_slots: int, block_size: int = 16, max_model_len: int = 2048,
+                 watermark: float = 0.01, pool: PrefixBlockPool | None = None):
+        super().__init__(num_slots, block_size=block_size, max_model_len=max_model_len, watermark=watermark, pool=pool)
+        self.stats.update({"queries": 0, "query_tokens": 0, "hit_tokens": 0, "hit_blocks": 0,
+                           "blocks_registered": 0})
+
+    @property
+    def evictions(self) -> int:
+        return self.pool.evictions
+
+    def hit_rate(self) -> float:
+        """Prompt tokens found in the cache / prompt tokens looked up, since the policy was made."""
+        return self.stats["hit_tokens"] / self.stats["query_tokens"] if self.stats["query_tokens"] else 0.0
+
+    # ---- lookup -------------------------------------------------------------------------------
+
+    def _hits(self, token_ids) -> tuple[list[int], list[BlockKey]]:
+        """The cached blocks that begin token_ids, in order, and their keys (the last prompt token
+        is never served from the cache: its logits are needed)."""
+        blocks, keys, parent, bs = [], [], None, self.block_size
+        for i in range((len(token_ids) - 1) // bs):
+            key = (hash(parent) if parent is not None else None, tuple(token_ids[i * bs:(i + 1) * bs]))
+            block = self.pool.lookup(key)
+            if block is None:
+                break
+            blocks.append(block)
+            keys.append(key)
+            parent = key
+        return blocks, keys
+
+    def cached_prefix_tokens(self, token_ids) -> int:
+        """How many leading tokens of token_ids ``allocate`` would take from the cache now."""
+        return len(self._hits(token_ids)[0]) * self.block_size
+
+    # ---- admission ----------------------------------------------------------------------------
+
+    def can_allocate(self, prompt_len: int, max_new_tokens: int, final_len: int | None = None,
+                     token_ids=None) -> bool:
+        slots = self._check_never_fits(prompt_len, max_new_tokens, final_len)
+        if token_ids is None:
+            return self._fits_now(slots)
+        hits, _ = self._hits(token_ids)
+        return self._fits_now(slots - self._hit_slots_held(hits))
+
+    def _hit_slots_held(self, hits: list[int]) -> int:
+        """Slots of the hits that cost no free memory: those someone holds already (an evictable
+        hit is taken off the free lists, so it counts against free memory like a fresh block)."""
+        return sum(self.pool.ref_count(b) > 0 for b in hits) * self.block_size
+
+    def allocate(self, seq_id, prompt_len: int, max_new_tokens: int, final_len: int | None = None,
+                 token_ids=None) -> None:
+        """Admit a sequence. With its token_ids, the longest cached prefix of whole blocks is taken
+        from the cache and counted as computed (``num_tokens(seq_id)`` says how many tokens)."""
+        if token_ids is None:
+            super().allocate(seq_id, prompt_len, max_new_tokens, final_len)
+            self._seqs[seq_id] = PrefixTable(**vars(self._seqs[seq_id]))
+            return
+        token_ids = list(token_ids)
+        if len(token_ids) != prompt_len:
+            raise ValueError(f"token_ids has {len(token_ids)} ids but prompt_len={prompt_len}")
+        slots = self._check_never_fits(prompt_len, max_new_tokens, final_len)
+        if seq_id in self._seqs:
+            raise ValueError(f"seq_id={seq_id!r} is already allocated; free it first")
+        hits, keys = self._hits(token_ids)
+        if not self._fits_now(slots - self._hit_slots_held(hits)):
+            raise NoFreeMemory(f"{self.label}: seq {seq_id!r} needs {slots // self.block_size - len(hits)} new "
+                               f"block(s) beside {len(hits)} cached; {self.pool.num_free} free")
+        for block in hits:  # first, so that taking the fresh blocks cannot evict them
+            self.pool.reuse(block)
+        fresh = self.pool.take(blocks_for(prompt_len, self.block_size) - len(hits))
+        cached = len(hits) * self.block_size
+        final = final_len if final_len is not None else prompt_len + max_new_tokens
+        self._seqs[seq_id] = PrefixTable(prompt_len, max_new_tokens, final, num_tokens=cached,
+                                         blocks=hits + fresh, token_ids=token_ids[:cached], keys=keys,
+                                         registered=len(hits))
+        self.stats["queries"] += 1
+        self.stats["query_tokens"] += prompt_len
+        self.stats["hit_tokens"] += cached
+        self.stats["hit_blocks"] += len(hits)
+
+    # ---- filling the cache ------------------------------------------------------------------
+
+    def commit_tokens(self, seq_id, token_ids) -> None:
+        """The engine has written the K/V of these tokens (the next ones of the sequence): every block
+        that is now full enters the cache."""
+        table = self._state(seq_id)
+        if len(table.token_ids) + len(token_ids) > table.num_tokens:
+            raise ValueError(f"seq {seq_id!r}: {len(table.token_ids) + len(token_ids)} tokens committed but only "
+                             f"{table.num_tokens} have slots")
+        table.token_ids.extend(token_ids)
+        full = len(table.token_ids) // self.block_size
+        if len(table.keys) < full:
+            parent = table.keys[-1] if table.keys else None
+            table.keys += block_keys(table.token_ids, self.block_size, parent, start=len(table.keys))
+        for i in range(table.registered, full):
+            self.stats["blocks_registered"] += self.pool.register(table.blocks[i], table.keys[i])
+        table.registered = full
+
+    # ---- the rest of the life of a table ----------------------------------------------------
+
+    def fork(self, parent_id, child_id, **kwargs) -> None:
+        super().fork(parent_id, child_id, **kwargs)
+        parent, child = self._state(parent_id), self._seqs[child_id]
+        self._seqs[child_id] = PrefixTable(**vars(child), token_ids=list(parent.token_ids), keys=list(parent.keys),
+                                           registered=parent.registered)
+
+    def attach(self, seq_id, table: BlockTable) -> None:
+        """Back from swap space in fresh blocks: they hold the same content, so they may enter the
+        cache again (unless the original blocks are still cached) at the next commit."""
+        if not isinstance(table, PrefixTable):
+            raise ValueError(f"{self.name!r} can only take back a PrefixTable, got {type(table).__name__}")
+        table.registered = 0
+        super().attach(seq_id, table)
+
+    def _release(self, table: BlockTable) -> None:
+        table.blocks.reverse()  # the last block first: it goes to the LRU list first, evicted first
+        super()._release(table)
+
+    def num_cached_blocks(self) -> int:
+        return self.pool.num_cached
+
+    def snapshot(self) -> dict:
+        snap = super().snapshot()
+        snap["cached"] = sorted(self.pool._key_of)
+        snap["evictable"] = list(self.pool._evictable)
+        return snap
+
+    def check_invariants(self) -> None:
+        super().check_invariants()
+        for seq_id, table in self._seqs.items():
+            assert isinstance(table, PrefixTable), f"seq {seq_id!r} has a plain table"
+            assert len(table.token_ids) <= table.num_tokens, f"seq {seq_id!r} committed more tokens than it has"
+            for i, key in enumerate(table.keys[:table.registered]):
+                block = self.pool.lookup(key)
+                assert block is None or self.pool.key_of(block) == key, f"seq {seq_id!r}: block {i}'s key is stale"

@@ -1,0 +1,154 @@
+"""Chapter 07 on the model: with the prefix cache on, the outputs are the cold run's, token for token,
+while fewer prompt tokens are computed. The oracle is the same engine without the cache ("shared")."""
+
+import random
+
+import pytest
+
+from minipaged import LLM, SamplingParams
+from minipaged.beam_search import BeamSearchParams
+
+rng = random.Random(7)
+SYSTEM = [rng.randrange(1, 250) for _ in range(37)]  # a "system prompt" every request starts with
+PROMPTS = [SYSTEM + [rng.randrange(1, 250) for _ in range(rng.randrange(1, 14))] for _ in range(8)]
+GREEDY = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+
+
+def make(cache: bool, **kw):
+    options = dict(kv_policy="shared", kv_capacity_tokens=4096, block_size=4, max_model_len=128, progress=False)
+    return LLM("tiny", enable_prefix_caching=cache, **{**options, **kw})
+
+
+def tokens(outs):
+    return [[c.token_ids for c in o.outputs] for o in outs]
+
+
+def one_by_one(llm, prompts, params=GREEDY):
+    return [o for p in prompts for o in llm.generate([p], params, use_tqdm=False)]
+
+
+def assert_clean(llm):
+    policy = llm.engine.policy
+    policy.check_invariants()
+    assert not policy.seq_ids() and policy.num_free_blocks == policy.num_blocks, "blocks leaked"
+    if llm.engine.swap_space is not None:
+        llm.engine.swap_space.check_invariants()
+        assert not llm.engine.swap_space.seq_ids(), "the swap space leaked"
+
+
+@pytest.fixture(scope="module")
+def cold():
+    llm = make(False)
+    outs = one_by_one(llm, PROMPTS)
+    return tokens(outs), llm.engine.stats["tokens_computed"]
+
+
+def test_requests_one_after_another_reuse_the_system_prompt(cold):
+    llm = make(True)
+    outs = one_by_one(llm, PROMPTS)
+    assert tokens(outs) == cold[0]
+    full_blocks = len(SYSTEM) // 4 * 4  # 36 of the 37 system-prompt tokens lie in full blocks
+    assert outs[0].num_cached_tokens == 0
+    assert all(o.num_cached_tokens >= full_blocks for o in outs[1:])
+    saved = cold[1] - llm.engine.stats["tokens_computed"]
+    assert saved == sum(o.num_cached_tokens for o in outs) >= 7 * full_blocks
+    assert llm.engine.policy.hit_rate() > 0.5
+    assert_clean(llm)
+
+
+def test_one_batch_of_the_same_prompts_gives_the_same_tokens(cold):
+    llm = make(True)
+    llm.generate(PROMPTS[:1], GREEDY, use_tqdm=False)  # warm the cache with the system prompt
+    outs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
+    assert tokens(outs) == cold[0]
+    assert all(o.num_cached_tokens >= 36 for o in outs)
+    assert_clean(llm)
+
+
+def test_a_conversation_reuses_its_earlier_turns_including_the_answers():
+    llm, plain = make(True), make(False)
+    history, cached = list(SYSTEM), []
+    for turn in range(4):
+        history += [11, 12, 13 + turn]  # the user's next message
+        (out,) = llm.generate([history], GREEDY, use_tqdm=False)
+        (ref,) = plain.generate([history], GREEDY, use_tqdm=False)
+        assert out.outputs[0].token_ids == ref.outputs[0].token_ids
+        cached.append(out.num_cached_tokens)
+        history += out.outputs[0].token_ids
+    assert cached[0] == 0 and all(c >= len(SYSTEM) + 20 - 4 for c in cached[1:]), cached
+    assert_clean(llm)
+
+
+@pytest.mark.parametrize("scheduler", ["continuous", "static"])
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+def test_outputs_survive_preemption_and_eviction(cold, scheduler, mode):
+    llm = make(True, kv_capacity_tokens=112, max_model_len=112, scheduler=scheduler, preemption_mode=mode)
+    got = tokens(llm.generate(PROMPTS, GREEDY, use_tqdm=False))
+    stats = llm.engine.stats
+    assert stats["preemptions"] >= 3, "the pool was meant to run dry; the test proves nothing"
+    assert llm.engine.policy.evictions > 0 and llm.engine.policy.stats["hit_tokens"] > 0
+    assert got == cold[0]
+    assert_clean(llm)
+
+
+def test_recompute_after_preemption_finds_its_own_blocks_again():
+    llm = make(True, kv_capacity_tokens=112, max_model_len=112)
+    plain = make(False, kv_capacity_tokens=112, max_model_len=112)
+    assert tokens(llm.generate(PROMPTS, GREEDY, use_tqdm=False)) == tokens(plain.generate(PROMPTS, GREEDY,
+                                                                                          use_tqdm=False))
+    assert llm.engine.stats["preempted_recompute"] > 0
+    assert llm.engine.stats["tokens_computed"] < plain.engine.stats["tokens_computed"]
+
+
+def test_parallel_samples_and_beam_search_are_unchanged():
+    sampled = SamplingParams(n=3, temperature=0.8, seed=5, max_tokens=12, ignore_eos=True)
+    beams = BeamSearchParams(beam_width=3, max_tokens=10, ignore_eos=True)
+    llm, plain = make(True), make(False)
+    for _ in range(2):  # the second round runs on a warm cache
+        assert tokens(llm.generate(PROMPTS[:4], sampled, use_tqdm=False)) == tokens(
+            plain.generate(PROMPTS[:4], sampled, use_tqdm=False))
+        got = [[b.tokens for b in o.sequences] for o in llm.beam_search(PROMPTS[:2], beams)]
+        want = [[b.tokens for b in o.sequences] for o in plain.beam_search(PROMPTS[:2], beams)]
+        assert got == want
+    assert llm.engine.policy.stats["hit_tokens"] > 0
+    assert_clean(llm)
+
+
+def test_the_batched_backend_agrees(cold):
+    llm = make(True, attention_backend="torch_batched")
+    assert tokens(one_by_one(llm, PROMPTS)) == cold[0]
+
+
+def test_bad_configuration_says_what_is_allowed():
+    with pytest.raises(ValueError, match="enable_prefix_caching=True needs kv_policy='shared'"):
+        LLM("tiny", enable_prefix_caching=True, kv_policy="on_demand", progress=False)
+    with pytest.raises(ValueError, match="enable_prefix_caching must be True or False"):
+        LLM("tiny", enable_prefix_caching="yes", kv_policy="shared", progress=False)
+    llm = LLM("tiny", kv_policy="prefix_caching", progress=False)  # the same policy by its own name
+    assert llm.engine.policy.caches_prefixes
+
+
+def test_a_bad_request_does_not_disturb_the_cache(cold):
+    llm = make(True)
+    one_by_one(llm, PROMPTS[:2])
+    with pytest.raises(ValueError, match="temperature"):
+        llm.generate(PROMPTS, SamplingParams(temperature=-1))
+    assert tokens(one_by_one(llm, PROMPTS[2:])) == cold[0][2:]
+    assert_clean(llm)
+
+
+@pytest.mark.slow
+def test_smollm2_answers_the_same_with_a_cached_system_prompt():
+    system = ("You are a patient teacher. Answer in one short sentence, in plain words, and never use "
+              "lists. If you do not know, say so. ") * 3
+    questions = ["What is a page table?", "Why is the sky blue?", "What does a cache do?"]
+    chats = [[{"role": "system", "content": system}, {"role": "user", "content": q}] for q in questions]
+    params = SamplingParams(temperature=0, max_tokens=24)
+    outs = {}
+    for cache in (False, True):
+        llm = LLM("smollm2-135m", kv_policy="shared", enable_prefix_caching=cache, kv_capacity_tokens=2048,
+                  progress=False)
+        outs[cache] = [llm.chat(c, params, use_tqdm=False)[0] for c in chats]
+    assert [o.outputs[0].token_ids for o in outs[True]] == [o.outputs[0].token_ids for o in outs[False]]
+    assert outs[True][0].num_cached_tokens == 0
+    assert all(o.num_cached_tokens >= 64 for o in outs[True][1:]), [o.num_cached_tokens for o in outs[True]]

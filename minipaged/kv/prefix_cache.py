@@ -18,11 +18,19 @@ the token ids exactly; only the parent's 64-bit hash could in principle collide.
                                            blocks join the sequence's table (reference count + 1) and
                                            count as computed; only the rest of the prompt is prefilled.
                                            At least one prompt token is always left to compute, since
-                                           its logits give the first output token.
+                                           its logits give the first output token. The prompt's other
+                                           full blocks enter the cache at once (see "promised" below).
     commit_tokens(seq_id, ids)             the engine reports K/V it has just written; every block that
-                                           became full gets its key and enters the cache
+                                           became full with generated tokens enters the cache
     free(seq_id)                           a cached block nobody holds any more is not wiped: it waits
                                            on an LRU list, still findable, and counts as free memory
+
+Promised blocks. A prompt's full blocks are findable from the moment the prompt is admitted, before
+the forward pass has written their K/V, so that a batch of prompts sharing a system prompt computes it
+once, in the very first step: the second prompt admitted in that step hits the first one's blocks.
+That is safe because the forward pass writes every new token's K and V into the cache before any
+sequence's attention reads it, layer by layer (kv/paged_cache.py's ``attend``). If a sequence is
+freed before its prompt was written (an admission rolled back), its promised blocks leave the cache.
 
 Blocks nobody holds are handed out plain free blocks first, then cached ones, least recently used
 first (its key is forgotten; ``stats["evictions"]``). A sequence gives its blocks back last block
@@ -104,6 +112,12 @@ class PrefixBlockPool(RefCountedBlockPool):
             return False
         self._block_of[key], self._key_of[block] = block, key
         return True
+
+    def unregister(self, block: int) -> None:
+        """Forget what a held block holds (its K/V was promised but will never be written)."""
+        if self._refs[block] == 0:
+            raise RuntimeError(f"block {block} is free; only a held block can leave the cache this way")
+        del self._block_of[self._key_of.pop(block)]
 
     def reuse(self, block: int) -> None:
         """One more holder for a cached block, which may be sitting on the LRU list."""
@@ -237,9 +251,12 @@ class PrefixCachingPolicy(SharedPolicy):
         fresh = self.pool.take(blocks_for(prompt_len, self.block_size) - len(hits))
         cached = len(hits) * self.block_size
         final = final_len if final_len is not None else prompt_len + max_new_tokens
-        self._seqs[seq_id] = PrefixTable(prompt_len, max_new_tokens, final, num_tokens=cached,
-                                         blocks=hits + fresh, token_ids=token_ids[:cached], keys=keys,
-                                         registered=len(hits))
+        keys += block_keys(token_ids, self.block_size, keys[-1] if keys else None, start=len(hits))
+        table = PrefixTable(prompt_len, max_new_tokens, final, num_tokens=cached, blocks=hits + fresh,
+                            token_ids=token_ids[:cached], keys=keys, registered=len(keys))
+        for i in range(len(hits), len(keys)):  # promised: written by this step's forward pass
+            self.stats["blocks_registered"] += self.pool.register(table.blocks[i], keys[i])
+        self._seqs[seq_id] = table
         self.stats["queries"] += 1
         self.stats["query_tokens"] += prompt_len
         self.stats["hit_tokens"] += cached
@@ -261,7 +278,7 @@ class PrefixCachingPolicy(SharedPolicy):
             table.keys += block_keys(table.token_ids, self.block_size, parent, start=len(table.keys))
         for i in range(table.registered, full):
             self.stats["blocks_registered"] += self.pool.register(table.blocks[i], table.keys[i])
-        table.registered = full
+        table.registered = max(table.registered, full)
 
     # ---- the rest of the life of a table ----------------------------------------------------
 
@@ -280,6 +297,9 @@ class PrefixCachingPolicy(SharedPolicy):
         super().attach(seq_id, table)
 
     def _release(self, table: BlockTable) -> None:
+        for i in range(len(table.token_ids) // self.block_size, table.registered):  # promised, never written
+            if self.pool.key_of(table.blocks[i]) == table.keys[i]:
+                self.pool.unregister(table.blocks[i])
         table.blocks.reverse()  # the last block first: it goes to the LRU list first, evicted first
         super()._release(table)
 

@@ -145,17 +145,29 @@ def test_a_hit_on_an_evictable_block_takes_it_off_the_lru_list():
     p.check_invariants()
 
 
-def test_the_same_content_computed_twice_side_by_side_is_cached_once():
+def test_a_prompt_admitted_in_the_same_step_finds_the_blocks_promised_before_it():
     p = policy()
-    for s in ("a", "b"):
-        p.allocate(s, len(A), 2, token_ids=A)  # both admitted before either wrote anything: no hit
-        assert p.num_tokens(s) == 0
-    for s in ("a", "b"):
-        p.append_slots(s, len(A))
-        p.commit_tokens(s, A)
+    p.allocate("a", len(A), 2, token_ids=A)  # a's two full prompt blocks are findable at once ...
+    p.allocate("b", len(A), 2, token_ids=A)  # ... so b, admitted before anything was written, hits them
+    assert p.num_tokens("a") == 0 and p.num_tokens("b") == 8
+    assert p.block_table("b") == p.allocated_blocks("a")[:2]
+    p.append_slots("a", len(A))
+    p.commit_tokens("a", A)
+    p.append_slots("b", 2)
+    p.commit_tokens("b", A[8:])
     assert p.num_cached_blocks() == 2 and p.stats["blocks_registered"] == 2
     p.free("a")
     p.free("b")
+    assert p.num_free_blocks == p.num_blocks
+    p.check_invariants()
+
+
+def test_promised_blocks_that_are_never_written_leave_the_cache():
+    p = policy()
+    p.allocate("a", len(A), 2, token_ids=A)
+    assert p.cached_prefix_tokens(A) == 8
+    p.free("a")  # an admission rolled back before the forward pass wrote anything
+    assert p.cached_prefix_tokens(A) == 0 and p.num_cached_blocks() == 0
     assert p.num_free_blocks == p.num_blocks
     p.check_invariants()
 
@@ -168,7 +180,7 @@ def test_swapped_tables_keep_their_tokens_and_come_back_findable():
     out = space.swap_out(p, ["a"])
     assert len(out) == 3 and p.pool.num_evictable == 2, "its full blocks stay cached on the device, unheld"
     p.allocate("filler", 30, 1, token_ids=list(range(100, 130)))  # 8 blocks: evicts everything cached
-    assert p.num_cached_blocks() == 0
+    assert p.cached_prefix_tokens(A) == 0 and p.evictions == 2
     p.free("filler")
     space.swap_in(p, ["a"])
     assert p.num_tokens("a") == len(A)

@@ -56,12 +56,14 @@ def test_requests_one_after_another_reuse_the_system_prompt(cold):
     assert_clean(llm)
 
 
-def test_one_batch_of_the_same_prompts_gives_the_same_tokens(cold):
-    llm = make(True)
-    llm.generate(PROMPTS[:1], GREEDY, use_tqdm=False)  # warm the cache with the system prompt
-    outs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
-    assert tokens(outs) == cold[0]
-    assert all(o.num_cached_tokens >= 36 for o in outs)
+def test_a_cold_batch_computes_the_shared_system_prompt_once(cold):
+    llm, plain = make(True), make(False)
+    outs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)  # all admitted in the first step
+    assert tokens(outs) == cold[0] == tokens(plain.generate(PROMPTS, GREEDY, use_tqdm=False))
+    assert outs[0].num_cached_tokens == 0, "the first prompt computes the system prompt ..."
+    assert all(o.num_cached_tokens >= 36 for o in outs[1:]), "... the others find its blocks in the same step"
+    saved = plain.engine.stats["tokens_computed"] - llm.engine.stats["tokens_computed"]
+    assert saved == sum(o.num_cached_tokens for o in outs)
     assert_clean(llm)
 
 

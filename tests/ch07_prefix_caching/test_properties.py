@@ -4,8 +4,9 @@ reads back exactly its own tokens through its block table, and nothing leaks.
 A fake KV cache stands in for the engine's tensors: each slot remembers what its "K/V" depends on,
 the token written there and every token before it in its sequence. Copies on write are made before
 writes, as the engine does. A cache hit that served the wrong block, or an eviction of a block someone
-still reads, shows up as a wrong value read back. A two-letter alphabet and two-token blocks make
-hits, sharing and eviction happen all the time.
+still reads, shows up as a wrong value read back. Prompts admitted side by side in one step, and
+admissions dropped before anything was written, are in the mix. A two-letter alphabet and two-token
+blocks make hits, sharing and eviction happen all the time.
 """
 
 from hypothesis import given, settings
@@ -17,6 +18,9 @@ BS, NUM_BLOCKS = 2, 12
 
 ops = st.lists(st.one_of(
     st.tuples(st.just("admit"), st.lists(st.integers(0, 1), min_size=1, max_size=9)),
+    st.tuples(st.just("admit_together"), st.lists(st.integers(0, 1), min_size=1, max_size=9),
+              st.lists(st.integers(0, 1), min_size=1, max_size=9)),
+    st.tuples(st.just("abort"), st.lists(st.integers(0, 1), min_size=1, max_size=9)),
     st.tuples(st.just("decode"), st.integers(0, 7), st.integers(0, 1)),
     st.tuples(st.just("fork"), st.integers(0, 7)),
     st.tuples(st.just("free"), st.integers(0, 7)),
@@ -39,15 +43,32 @@ class FakeEngine:
             self.slot_holds[slot] = tuple(self.tokens[seq][:start + i + 1])
         self.p.commit_tokens(seq, new_tokens)
 
-    def admit(self, prompt):
+    def admit(self, prompt, write=True):
+        """Admit a prompt; with write=False, return what to write later (the step's forward pass)."""
         if not self.p.can_allocate(len(prompt), 8, token_ids=prompt):
-            return
+            return []
         seq = next(self.ids)
         self.p.allocate(seq, len(prompt), 8, token_ids=prompt)
         cached = self.p.num_tokens(seq)
         assert cached % BS == 0 and cached < len(prompt)
         self.tokens[seq] = list(prompt)
-        self.write(seq, cached, prompt[cached:], self.p.append_slots(seq, len(prompt) - cached))
+        todo = [(seq, cached, prompt[cached:], self.p.append_slots(seq, len(prompt) - cached))]
+        if write:
+            self.write(*todo[0])
+            return []
+        return todo
+
+    def admit_together(self, first, second):
+        """Two prompts admitted in one step: the second may hit the first's promised blocks."""
+        for todo in self.admit(first, write=False) + self.admit(second, write=False):
+            self.write(*todo)
+
+    def abort(self, prompt):
+        """Admitted, then dropped before the forward pass wrote anything."""
+        for seq, *_ in self.admit(prompt, write=False):
+            self.p.drain_copies()
+            self.p.free(seq)
+            del self.tokens[seq]
 
     def pick(self, i):
         live = sorted(self.tokens)

@@ -114,7 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
                            description="Benchmarks. Each one measures its alternatives side by side.")
     bench_sub = bench.add_subparsers(dest="bench", metavar="BENCHMARK")
     from minipaged.attention import bench_kernels
-    from minipaged.bench import kv_cache, roofline, serving, sharing
+    from minipaged.bench import kv_cache, prefix, roofline, serving, sharing
 
     for name, module, text in [
         ("cache", kv_cache, "chapter 00: decode tokens/s with the KV cache vs full recomputation"),
@@ -122,6 +122,8 @@ def build_parser() -> argparse.ArgumentParser:
         ("sharing", sharing, "chapter 05: KV memory with block sharing vs without, on the real model"),
         ("serving", serving, "chapter 06 (the default): static + contiguous vs continuous + paged vs HF "
                              "generate, same KV memory; recompute vs swap"),
+        ("prefix", prefix, "chapter 07: SmolLM2 with the prefix cache off and on: a shared system prompt, "
+                           "a conversation"),
         ("kernel", bench_kernels, "chapter 10: numba PagedAttention kernels vs reference vs SDPA "
                                   "(needs a GPU; --roofline works without)"),
     ]:

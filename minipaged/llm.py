@@ -275,5 +275,14 @@ class LLM:
         prompts = [self.tokenizer.apply_chat_template(c, add_generation_prompt) for c in conversations]
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached KV block, as vLLM's ``LLM.reset_prefix_cache`` does: the next requests
+        start cold. False (nothing to reset) unless the prefix cache is on."""
+        policy = getattr(self.engine, "policy", None)
+        if policy is None or not policy.caches_prefixes:
+            return False
+        policy.reset_cache()
+        return True
+
     def get_tokenizer(self):
         return self.tokenizer

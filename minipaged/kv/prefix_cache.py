@@ -125,6 +125,18 @@ class PrefixBlockPool(RefCountedBlockPool):
             del self._evictable[block]
         self._refs[block] += 1
 
+    def forget_all(self) -> int:
+        """Empty the cache: no block can be found any more; the unheld ones become plain free blocks.
+        Returns how many blocks were forgotten."""
+        forgotten = len(self._block_of)
+        for block in self._evictable:
+            self._refs[block] = 1  # so that the parent's release puts it on the plain free list
+            super().release([block])
+        self._evictable.clear()
+        self._block_of.clear()
+        self._key_of.clear()
+        return forgotten
+
     def take(self, n: int) -> list[int]:
         if n > self.num_free:
             raise NoFreeMemory(f"{n} blocks wanted, {self.num_free} free")
@@ -302,6 +314,12 @@ class PrefixCachingPolicy(SharedPolicy):
                 self.pool.unregister(table.blocks[i])
         table.blocks.reverse()  # the last block first: it goes to the LRU list first, evicted first
         super()._release(table)
+
+    def reset_cache(self) -> int:
+        """Forget every cached block (a cold start, for benchmarks; vLLM's ``reset_prefix_cache``).
+        Running sequences keep their blocks; those they fill from now on are cached as usual.
+        Returns how many blocks were forgotten."""
+        return self.pool.forget_all()
 
     def num_cached_blocks(self) -> int:
         return self.pool.num_cached

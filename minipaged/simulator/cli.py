@@ -4,6 +4,7 @@
     python -m minipaged.simulator --policy contiguous on_demand --reservation max --json
     python -m minipaged.simulator --sweep-block-size           on_demand utilization, blocks 1..256
     python -m minipaged.simulator --sharing                    memory saved by copy-on-write sharing (ch05)
+    python -m minipaged.simulator --prefix                     prefill saved by the prefix cache (ch07)
 
 ``register(subparsers)`` adds the same command as ``simulate`` to another argparse program; the
 parsed arguments carry ``func``, which runs it and returns the exit code.
@@ -79,6 +80,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --sharing: parallel-sampling n values; default %(default)s")
     parser.add_argument("--beam-widths", type=int, nargs="+", default=[2, 4, 6],
                         help="with --sharing: beam widths; default %(default)s")
+    parser.add_argument("--prefix", action="store_true",
+                        help="chapter 07 instead: prompt tokens served by the prefix cache on a trace of "
+                             "chat requests sharing a few system prompts, against KV capacity "
+                             "(minipaged/simulator/prefix.py; its own trace, --num-requests and --seed apply)")
+    parser.add_argument("--capacities", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384, 32768],
+                        help="with --prefix: KV capacities in token slots; default %(default)s")
     parser.add_argument("--plot-dir", default=None,
                         help="also save PNG figures there: waste breakdown per policy, a memory map per "
                              "policy (its first 2000 steps), and the sweep if asked (needs matplotlib)")
@@ -116,6 +123,8 @@ def run(args: argparse.Namespace) -> int:
             raise SystemExit(f"--{field.replace('_', '-')} must be >= 1, got {getattr(args, field)}")
     if not (args.arrival_rate > 0 or math.isinf(args.arrival_rate)):
         raise SystemExit(f"--arrival-rate must be > 0 (or inf), got {args.arrival_rate}")
+    if getattr(args, "prefix", False):
+        return run_prefix(args)
     if getattr(args, "sharing", False):
         if any(n < 1 for n in args.samples + args.beam_widths):
             raise SystemExit("--samples and --beam-widths must be >= 1")
@@ -162,6 +171,38 @@ def run(args: argparse.Namespace) -> int:
                 print(f"{label:<22}" + "".join(f"{_percent(runs[bs].utilization):>7}" for bs in runs))
     if args.plot_dir:
         _save_plots(args.plot_dir, results, sweep)
+    return 0
+
+
+def run_prefix(args: argparse.Namespace) -> int:
+    from minipaged.simulator import prefix
+
+    if any(c < args.block_size for c in args.capacities):
+        raise SystemExit(f"--capacities must each hold at least one block of {args.block_size} slots")
+    d = prefix.DEFAULTS
+    requests = prefix.make_prefix_workload(args.num_requests or d["num_requests"], d["num_prefixes"],
+                                           d["prefix_len"], d["suffix_len"], d["output_len"], d["zipf"],
+                                           seed=args.seed)
+    ideal = prefix.ideal_hit_rate(requests, args.block_size)
+    rows = prefix.sweep_capacity(requests, args.capacities, progress=not args.json, block_size=args.block_size,
+                                 max_model_len=d["max_model_len"], max_num_seqs=d["max_num_seqs"])
+    if args.json:
+        print(json.dumps({"config": {**d, "num_requests": len(requests), "seed": args.seed,
+                                     "block_size": args.block_size}, "ideal_hit_rate": ideal, "rows": rows},
+                         indent=2))
+    else:
+        mean = sum(r.prompt_len for r in requests) / len(requests)
+        print(f"{len(requests)} chat requests, {d['num_prefixes']} system prompts of {d['prefix_len']} tokens "
+              f"(Zipf {d['zipf']}), mean prompt {mean:.1f} tokens, block size {args.block_size}, "
+              f"max_num_seqs {d['max_num_seqs']}; cold = policy 'shared', warm = 'prefix_caching'\n")
+        print(prefix.format_sweep(rows, ideal))
+    if args.plot_dir:
+        from minipaged.plots import plot_prefix_sweep
+
+        os.makedirs(args.plot_dir, exist_ok=True)
+        path = os.path.join(args.plot_dir, "prefix_capacity_sweep.png")
+        plot_prefix_sweep(rows, ideal, path=path)
+        print(f"\nsaved {path}")
     return 0
 
 

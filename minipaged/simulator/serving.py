@@ -10,6 +10,9 @@ benchmark, ``python -m minipaged bench serving``, measures it on the real model)
     run = simulate_serving("continuous", make_policy("on_demand", num_slots=4096), requests)
     run.steps, run.batch_sizes, run.kv_held, run.preemptions
 
+Requests that carry their ``prompt_ids`` are admitted with them, so a prefix cache (chapter 07) can
+find their blocks; the others have prompts of one repeated token. Every generated token is token 7.
+
 Not modelled: time per step (a prefill step costs more than a decode step on a real model).
 """
 
@@ -39,6 +42,7 @@ class ServingRun:
     batch_sizes: list[int] = field(default_factory=list)  # sequences in each step's forward pass
     kv_held: list[float] = field(default_factory=list)  # fraction of the pool's slots held, each step
     prefill_tokens: list[int] = field(default_factory=list)
+    tokens_computed: int = 0  # token positions the steps computed (prompts, minus cache hits, and decodes)
     finish_step: dict[int, int] = field(default_factory=dict)  # request id -> step it finished in
     first_token_step: dict[int, int] = field(default_factory=dict)
     refused: list[int] = field(default_factory=list)
@@ -69,7 +73,8 @@ def simulate_serving(scheduler: str, policy, requests, *, max_num_seqs: int = 25
     ids, owner, tokenizer = itertools.count(), {}, _NoText()
     for r in requests:
         params = SamplingParams(n=n, max_tokens=r.output_len, ignore_eos=True)
-        seqs = [Sequence(next(ids), [1] * r.prompt_len, params, eos_token_id=-1, max_model_len=policy.max_model_len,
+        prompt = list(r.prompt_ids) if r.prompt_ids is not None else [1] * r.prompt_len
+        seqs = [Sequence(next(ids), prompt, params, eos_token_id=-1, max_model_len=policy.max_model_len,
                          index=i) for i in range(n)]
         for s in seqs:
             owner[s.seq_id] = r.request_id
@@ -91,9 +96,11 @@ def simulate_serving(scheduler: str, policy, requests, *, max_num_seqs: int = 25
         run.steps += 1
         run.batch_sizes.append(len(plan.work))
         run.prefill_tokens.append(plan.num_prefill_tokens)
+        run.tokens_computed += plan.num_tokens
         usage = policy.usage()
         run.kv_held.append(usage.occupied / usage.total)
         for work in plan.work:
+            policy.commit_tokens(work.seq.seq_id, work.seq.all_ids[work.cached:])  # their "K/V" is written
             for seq in [*sched.fork_children(work.seq), work.seq]:
                 seq.append(7, tokenizer)
                 request = owner[seq.seq_id]

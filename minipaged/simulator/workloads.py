@@ -33,6 +33,7 @@ class Request:
     prompt_len: int
     output_len: int  # tokens it really generates (known to the simulator, not to a real server)
     max_tokens: int  # tokens the client asked for at most
+    prompt_ids: tuple[int, ...] | None = None  # the prompt's tokens, when they matter (prefix caching, ch07)
 
     @property
     def final_len(self) -> int:

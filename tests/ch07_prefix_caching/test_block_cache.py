@@ -245,3 +245,20 @@ def test_the_pool_alone():
         pool.release([a])
     assert sorted(pool.take(3)) == [0, 1, 2] and pool.lookup(key) is None and pool.evictions == 1
     pool.check_invariants()
+
+
+def test_reset_forgets_every_cached_block_and_keeps_the_running_ones():
+    p = policy()
+    run_prompt(p, "a", A)
+    p.free("a")
+    run_prompt(p, "b", [7] * 9)
+    assert p.num_cached_blocks() == 5
+    assert p.reset_cache() == 5
+    assert p.num_cached_blocks() == 0 and p.cached_prefix_tokens(A) == 0 and p.pool.num_evictable == 0
+    assert p.num_free_blocks == p.num_blocks - 3, "b still holds its three blocks"
+    p.append_slots("b", 3)
+    p.commit_tokens("b", [7, 7, 7])  # the block b fills now is cached as usual; the forgotten ones stay so
+    assert p.num_cached_blocks() == 1 and p.cached_prefix_tokens([7] * 13) == 0
+    p.free("b")
+    assert p.num_free_blocks == p.num_blocks
+    p.check_invariants()

@@ -116,6 +116,16 @@ def test_parallel_samples_and_beam_search_are_unchanged():
     assert_clean(llm)
 
 
+def test_reset_prefix_cache_makes_the_next_request_cold(cold):
+    llm = make(True)
+    one_by_one(llm, PROMPTS[:2])
+    assert llm.reset_prefix_cache()
+    (out,) = llm.generate([PROMPTS[2]], GREEDY, use_tqdm=False)
+    assert out.num_cached_tokens == 0 and out.outputs[0].token_ids == cold[0][2][0]
+    assert not make(False).reset_prefix_cache(), "no prefix cache, nothing to reset"
+    assert_clean(llm)
+
+
 def test_the_batched_backend_agrees(cold):
     llm = make(True, attention_backend="torch_batched")
     assert tokens(one_by_one(llm, PROMPTS)) == cold[0]

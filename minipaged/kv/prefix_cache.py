@@ -24,6 +24,7 @@ the token ids exactly; only the parent's 64-bit hash could in principle collide.
                                            became full with generated tokens enters the cache
     free(seq_id)                           a cached block nobody holds any more is not wiped: it waits
                                            on an LRU list, still findable, and counts as free memory
+    reset_cache()                          forget everything cached (a cold start for benchmarks)
 
 Promised blocks. A prompt's full blocks are findable from the moment the prompt is admitted, before
 the forward pass has written their K/V, so that a batch of prompts sharing a system prompt computes it
@@ -33,7 +34,7 @@ sequence's attention reads it, layer by layer (kv/paged_cache.py's ``attend``). 
 freed before its prompt was written (an admission rolled back), its promised blocks leave the cache.
 
 Blocks nobody holds are handed out plain free blocks first, then cached ones, least recently used
-first (its key is forgotten; ``stats["evictions"]``). A sequence gives its blocks back last block
+first (its key is forgotten; ``policy.evictions`` counts them). A sequence gives its blocks back last block
 first, so the end of a prompt is evicted before its beginning: the beginning is what other
 requests share, and a block whose parent is gone can never be found again.
 
@@ -47,7 +48,8 @@ differently, as in every other chapter.
 
 Not handled: multi-modal or LoRA salts in the key, caching across processes, admission that favours
 requests with long hits (vLLM admits in arrival order too), beam search asking the cache at
-admission (its blocks do enter the cache).
+admission (its blocks do enter the cache). Chunked prefill (chapter 08) will have to promise only the
+blocks that the step's chunk writes.
 """
 
 from __future__ import annotations

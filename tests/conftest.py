@@ -1,4 +1,8 @@
-"""Shared fixtures: the tiny random model (fast) and the real SmolLM2-135M (fetched once, cached)."""
+"""Shared fixtures: the tiny random model (fast) and the real SmolLM2-135M (fetched once, cached), and
+the notebook helpers."""
+
+import json
+from pathlib import Path
 
 import pytest
 
@@ -21,6 +25,20 @@ def run_notebook():
         nbclient.NotebookClient(nb, timeout=600, kernel_name="python3",
                                 resources={"metadata": {"path": str(path.parent)}}).execute()
         return "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+
+    return run
+
+
+@pytest.fixture
+def rederive():
+    """Run a notebook's cells tagged "rederive" (its hand-written versions of package code) in a fresh
+    namespace holding ``names``; returns what they define, for a test to compare with the package."""
+    def run(path, **names):
+        namespace = dict(names)
+        for cell in json.loads(Path(path).read_text())["cells"]:
+            if "rederive" in cell["metadata"].get("tags", []):
+                exec("".join(cell["source"]), namespace)
+        return namespace
 
     return run
 

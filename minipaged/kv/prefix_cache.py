@@ -18,20 +18,23 @@ the token ids exactly; only the parent's 64-bit hash could in principle collide.
                                            blocks join the sequence's table (reference count + 1) and
                                            count as computed; only the rest of the prompt is prefilled.
                                            At least one prompt token is always left to compute, since
-                                           its logits give the first output token. The prompt's other
-                                           full blocks enter the cache at once (see "promised" below).
+                                           its logits give the first output token.
+    append_slots(seq_id, n)                as before; and a prompt's full blocks enter the cache as soon
+                                           as they have their slots (see "promised" below)
     commit_tokens(seq_id, ids)             the engine reports K/V it has just written; every block that
                                            became full with generated tokens enters the cache
     free(seq_id)                           a cached block nobody holds any more is not wiped: it waits
                                            on an LRU list, still findable, and counts as free memory
     reset_cache()                          forget everything cached (a cold start for benchmarks)
 
-Promised blocks. A prompt's full blocks are findable from the moment the prompt is admitted, before
-the forward pass has written their K/V, so that a batch of prompts sharing a system prompt computes it
-once, in the very first step: the second prompt admitted in that step hits the first one's blocks.
-That is safe because the forward pass writes every new token's K and V into the cache before any
-sequence's attention reads it, layer by layer (kv/paged_cache.py's ``attend``). If a sequence is
-freed before its prompt was written (an admission rolled back), its promised blocks leave the cache.
+Promised blocks. A prompt's full blocks are findable from the moment the scheduler has planned their
+slots, before the forward pass has written their K/V, so that a batch of prompts sharing a system
+prompt computes it once, in the very first step: the second prompt admitted in that step hits the
+first one's blocks. That is safe because the forward pass writes every new token's K and V into the
+cache before any sequence's attention reads it, layer by layer (kv/paged_cache.py's ``attend``).
+Not earlier than the slots, though: a block that someone else holds too would be copied on write by
+its own first writer. If a sequence is freed before its prompt was written (an admission rolled
+back), its promised blocks leave the cache.
 
 Blocks nobody holds are handed out plain free blocks first, then cached ones, least recently used
 first (its key is forgotten; ``policy.evictions`` counts them). A sequence gives its blocks back last block
@@ -266,17 +269,26 @@ class PrefixCachingPolicy(SharedPolicy):
         cached = len(hits) * self.block_size
         final = final_len if final_len is not None else prompt_len + max_new_tokens
         keys += block_keys(token_ids, self.block_size, keys[-1] if keys else None, start=len(hits))
-        table = PrefixTable(prompt_len, max_new_tokens, final, num_tokens=cached, blocks=hits + fresh,
-                            token_ids=token_ids[:cached], keys=keys, registered=len(keys))
-        for i in range(len(hits), len(keys)):  # promised: written by this step's forward pass
-            self.stats["blocks_registered"] += self.pool.register(table.blocks[i], keys[i])
-        self._seqs[seq_id] = table
+        self._seqs[seq_id] = PrefixTable(prompt_len, max_new_tokens, final, num_tokens=cached, blocks=hits + fresh,
+                                         token_ids=token_ids[:cached], keys=keys, registered=len(hits))
         self.stats["queries"] += 1
         self.stats["query_tokens"] += prompt_len
         self.stats["hit_tokens"] += cached
         self.stats["hit_blocks"] += len(hits)
 
     # ---- filling the cache ------------------------------------------------------------------
+
+    def append_slots(self, seq_id, n: int) -> list[int]:
+        slots = super().append_slots(seq_id, n)
+        table = self._seqs[seq_id]
+        self._register(table, min(len(table.keys), table.num_tokens // self.block_size))  # promised
+        return slots
+
+    def _register(self, table: PrefixTable, upto: int) -> None:
+        """Offer the table's full blocks registered .. upto-1 to the cache (their keys are known)."""
+        for i in range(table.registered, upto):
+            self.stats["blocks_registered"] += self.pool.register(table.blocks[i], table.keys[i])
+        table.registered = max(table.registered, upto)
 
     def commit_tokens(self, seq_id, token_ids) -> None:
         """The engine has written the K/V of these tokens (the next ones of the sequence): every block
@@ -290,9 +302,7 @@ class PrefixCachingPolicy(SharedPolicy):
         if len(table.keys) < full:
             parent = table.keys[-1] if table.keys else None
             table.keys += block_keys(table.token_ids, self.block_size, parent, start=len(table.keys))
-        for i in range(table.registered, full):
-            self.stats["blocks_registered"] += self.pool.register(table.blocks[i], table.keys[i])
-        table.registered = max(table.registered, full)
+        self._register(table, full)
 
     # ---- the rest of the life of a table ----------------------------------------------------
 

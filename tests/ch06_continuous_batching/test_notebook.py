@@ -1,7 +1,7 @@
 """The chapter's notebook: its hand-written step counts still match the package, and it runs top to bottom."""
 
-import json
 import random
+from heapq import heappop, heappush
 from pathlib import Path
 
 import pytest
@@ -13,19 +13,9 @@ from minipaged.simulator.workloads import Request
 NOTEBOOK = Path(__file__).resolve().parents[2] / "notebooks" / "06_continuous-batching.ipynb"
 
 
-def rederived():
-    """Run the notebook's cells tagged "rederive" (plain Python) and return what they define."""
-    namespace = {}
-    exec("from heapq import heappop, heappush", namespace)
-    for cell in json.loads(NOTEBOOK.read_text())["cells"]:
-        if "rederive" in cell["metadata"].get("tags", []):
-            exec("".join(cell["source"]), namespace)
-    return namespace
-
-
 @pytest.mark.parametrize("seed", range(6))
-def test_notebook_step_counts_match_the_schedulers(seed):
-    ns = rederived()
+def test_notebook_step_counts_match_the_schedulers(rederive, seed):
+    ns = rederive(NOTEBOOK, heappop=heappop, heappush=heappush)
     rng = random.Random(seed)
     lengths = [rng.randint(1, 40) for _ in range(rng.randint(1, 30))]
     batch = rng.randint(1, 8)

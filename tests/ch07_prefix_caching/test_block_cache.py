@@ -147,24 +147,39 @@ def test_a_hit_on_an_evictable_block_takes_it_off_the_lru_list():
 
 def test_a_prompt_admitted_in_the_same_step_finds_the_blocks_promised_before_it():
     p = policy()
-    p.allocate("a", len(A), 2, token_ids=A)  # a's two full prompt blocks are findable at once ...
-    p.allocate("b", len(A), 2, token_ids=A)  # ... so b, admitted before anything was written, hits them
-    assert p.num_tokens("a") == 0 and p.num_tokens("b") == 8
-    assert p.block_table("b") == p.allocated_blocks("a")[:2]
-    p.append_slots("a", len(A))
+    p.allocate("a", len(A), 2, token_ids=A)
+    a_slots = p.append_slots("a", len(A))  # planned, not written: a's two full blocks are findable now ...
+    p.allocate("b", len(A), 2, token_ids=A)  # ... so b, admitted in the same step, hits them
+    assert p.num_tokens("b") == 8 and p.block_table("b") == p.block_table("a")[:2]
+    b_slots = p.append_slots("b", 2)
+    assert p.drain_copies() == [], "nobody writes into a block someone else holds"
+    assert a_slots[:8] == p.token_slots("b")[:8] and not set(b_slots) & set(a_slots)
     p.commit_tokens("a", A)
-    p.append_slots("b", 2)
     p.commit_tokens("b", A[8:])
     assert p.num_cached_blocks() == 2 and p.stats["blocks_registered"] == 2
+    p.check_invariants()
     p.free("a")
     p.free("b")
     assert p.num_free_blocks == p.num_blocks
     p.check_invariants()
 
 
+def test_blocks_are_promised_only_once_their_slots_are_planned():
+    p = policy()
+    p.allocate("a", len(A), 2, token_ids=A)
+    p.allocate("b", len(A), 2, token_ids=A)  # before a's slots: no hit, so no one shares a's blocks
+    assert p.num_tokens("b") == 0
+    for s in ("a", "b"):
+        p.append_slots(s, len(A))
+    assert p.drain_copies() == [], "a writes its own prompt in place: its blocks have one holder"
+    assert p.cached_prefix_tokens(A + [1]) == 8 and p.stats["blocks_registered"] == 2, "b's copy stays private"
+    p.check_invariants()
+
+
 def test_promised_blocks_that_are_never_written_leave_the_cache():
     p = policy()
     p.allocate("a", len(A), 2, token_ids=A)
+    p.append_slots("a", len(A))
     assert p.cached_prefix_tokens(A) == 8
     p.free("a")  # an admission rolled back before the forward pass wrote anything
     assert p.cached_prefix_tokens(A) == 0 and p.num_cached_blocks() == 0

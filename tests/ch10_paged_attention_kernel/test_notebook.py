@@ -17,15 +17,6 @@ def cells():
     return json.loads(NOTEBOOK.read_text())["cells"]
 
 
-def rederived():
-    """Run the notebook's cells tagged "rederive" (NumPy only) and return what they define."""
-    namespace = {"np": np}
-    for cell in cells():
-        if "rederive" in cell["metadata"].get("tags", []):
-            exec("".join(cell["source"]), namespace)
-    return namespace
-
-
 def test_first_code_cell_picks_the_simulator_before_numba_is_imported():
     first = "".join(next(c for c in cells() if c["cell_type"] == "code")["source"])
     assert "NUMBA_ENABLE_CUDASIM" in first
@@ -34,8 +25,8 @@ def test_first_code_cell_picks_the_simulator_before_numba_is_imported():
 
 
 @pytest.mark.parametrize("tile", [1, 8, 50])
-def test_notebook_online_softmax_and_merge_match_the_reference(tile):
-    ns = rederived()
+def test_notebook_online_softmax_and_merge_match_the_reference(rederive, tile):
+    ns = rederive(NOTEBOOK, np=np)  # the cells use NumPy only
     b = random_paged_batch([45], num_heads=2, num_kv_heads=1, head_dim=16, seed=3)
     ref = paged_attention_reference(b["q"], b["k_cache"], b["v_cache"], b["block_tables"], b["context_lens"])
     k = gather_kv(b["k_cache"], b["block_tables"][0], 45)[:, 0].double().numpy()

@@ -33,6 +33,9 @@ pass it tells the policy which tokens' K/V it wrote (``commit_tokens``), so full
 found again by later requests. The scheduler admits with token ids, and the cached part of a prompt
 is simply "already cached": the forward pass computes ``all_ids[cached:]`` as for any sequence.
 
+If a run is interrupted (an error in a forward pass, a KeyboardInterrupt), ``abort_all`` gives every
+sequence's blocks back before the exception goes on, so the pool is whole again for the next call.
+
 Not handled here: chunked prefill (08). Beam search drives this engine's
 ``forward`` from minipaged/beam_search.py with a loop of its own.
 """
@@ -189,12 +192,28 @@ class PagedEngine:
                 if s.arrival_time is None:
                     s.arrival_time = now
             self.scheduler.add(seq, children)
-        while self.scheduler.has_work():
-            passes = self.stats["forward_passes"]
-            done = self.step(generators)
-            if not done and self.stats["forward_passes"] == passes:  # nothing ran, nothing ended
-                head = (self.scheduler.waiting or self.scheduler.swapped or self.scheduler.running)[0]
-                raise RuntimeError(f"request {head.group_id} can neither be scheduled nor refused")
-            for seq in done:
-                if on_finish:
-                    on_finish(seq)
+        try:
+            while self.scheduler.has_work():
+                passes = self.stats["forward_passes"]
+                done = self.step(generators)
+                if not done and self.stats["forward_passes"] == passes:  # nothing ran, nothing ended
+                    head = (self.scheduler.waiting or self.scheduler.swapped or self.scheduler.running)[0]
+                    raise RuntimeError(f"request {head.group_id} can neither be scheduled nor refused")
+                for seq in done:
+                    if on_finish:
+                        on_finish(seq)
+        except BaseException:  # an interrupt, an error in a forward pass: give every block back first
+            self.abort_all()
+            raise
+
+    def abort_all(self) -> None:
+        """Drop every sequence still held, newest first, and its blocks (device and swap space), so
+        an interrupted ``run`` leaks nothing. Blocks a prefix cache had promised but that were never
+        written leave the cache (kv/prefix_cache.py), so a later request cannot read them."""
+        self.policy.drain_copies()
+        for seq_id in reversed(self.policy.seq_ids()):
+            self.policy.free(seq_id)
+        if self.swap_space is not None:
+            for seq_id in self.swap_space.seq_ids():
+                self.swap_space.drop(seq_id)
+        self.scheduler = self._new_scheduler()

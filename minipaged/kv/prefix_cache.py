@@ -320,10 +320,21 @@ class PrefixCachingPolicy(SharedPolicy):
         table.registered = 0
         super().attach(seq_id, table)
 
+    def detach(self, seq_id) -> BlockTable:
+        table = self._state(seq_id)
+        if len(table.token_ids) < table.num_tokens:  # its promised blocks would leave, still unwritten
+            raise RuntimeError(f"seq {seq_id!r} has {table.num_tokens - len(table.token_ids)} token(s) planned but "
+                               "not written; swap a sequence out before its step is planned, not after")
+        return super().detach(seq_id)
+
     def _release(self, table: BlockTable) -> None:
         for i in range(len(table.token_ids) // self.block_size, table.registered):  # promised, never written
-            if self.pool.key_of(table.blocks[i]) == table.keys[i]:
-                self.pool.unregister(table.blocks[i])
+            block = table.blocks[i]
+            if self.pool.key_of(block) == table.keys[i]:
+                if self.pool.ref_count(block) > 1:
+                    raise RuntimeError(f"block {block} was promised but never written, and another sequence "
+                                       "counts it as computed; free that sequence first")
+                self.pool.unregister(block)
         table.blocks.reverse()  # the last block first: it goes to the LRU list first, evicted first
         super()._release(table)
 
@@ -347,6 +358,7 @@ class PrefixCachingPolicy(SharedPolicy):
         for seq_id, table in self._seqs.items():
             assert isinstance(table, PrefixTable), f"seq {seq_id!r} has a plain table"
             assert len(table.token_ids) <= table.num_tokens, f"seq {seq_id!r} committed more tokens than it has"
-            for i, key in enumerate(table.keys[:table.registered]):
-                block = self.pool.lookup(key)
-                assert block is None or self.pool.key_of(block) == key, f"seq {seq_id!r}: block {i}'s key is stale"
+            assert table.registered <= len(table.keys), f"seq {seq_id!r} offered blocks it has no key for"
+            for i in range(table.registered):  # a block the cache names holds what this table put there
+                key = self.pool.key_of(table.blocks[i])
+                assert key is None or key == table.keys[i], f"seq {seq_id!r}: block {i} is cached under another key"

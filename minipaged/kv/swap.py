@@ -23,9 +23,10 @@ The copies must happen in the engine in this order, before the forward pass writ
 swap-outs (device -> CPU), swap-ins (CPU -> device), then copies on write. A device block freed by a
 swap-out can be handed to someone else in the same step; its old contents leave first.
 
-Works with the block-table policies (block_table, on_demand, shared), which can ``detach`` a
-sequence's table and ``attach`` one back. Not handled: partial swapping (a request moves whole),
-swapping to disk.
+Works with the block-table policies (block_table, on_demand, shared, prefix_caching), which can
+``detach`` a sequence's table and ``attach`` one back. Not handled: partial swapping (a request moves
+whole), swapping to disk; with a prefix cache (chapter 07), a block that other requests still hold
+is copied out and back in anyway, into a block of its own, so that sharing is lost after a swap.
 """
 
 from __future__ import annotations
@@ -107,6 +108,10 @@ class SwapSpace:
         self.stats["swap_ins"] += 1
         self.stats["blocks_in"] += len(to_device)
         return list(to_device.items())
+
+    def drop(self, seq_id) -> None:
+        """Forget a swapped-out sequence and give its CPU blocks back (an aborted request)."""
+        self.pool.release(self._tables.pop(seq_id).blocks)
 
     def check_invariants(self) -> None:
         """A CPU block's count equals the tables here that hold it; nothing else is held."""

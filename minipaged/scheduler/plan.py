@@ -63,4 +63,4 @@ class StepPlan:
 
     @property
     def num_prefill_tokens(self) -> int:
-        return sum(w.num_new for w in self.work if w.num_new > 1 or w.cached == 0)
+        return sum(w.num_new for w in self.work if w.num_new > 1 or not w.seq.output_ids)

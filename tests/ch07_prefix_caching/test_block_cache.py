@@ -105,7 +105,7 @@ def test_a_hit_on_blocks_held_by_others_needs_less_free_memory():
     p.check_invariants()
 
 
-def test_cached_blocks_are_evicted_least_recently_used_first_and_last_block_first():
+def test_cached_blocks_are_evicted_least_recently_used_first():
     p = policy(num_blocks=6)
     x, y = [1] * 8 + [2], [3] * 8 + [4]  # 3 blocks each: 6 blocks, the whole pool
     run_prompt(p, "x", x, new=1)
@@ -277,3 +277,29 @@ def test_reset_forgets_every_cached_block_and_keeps_the_running_ones():
     p.free("b")
     assert p.num_free_blocks == p.num_blocks
     p.check_invariants()
+
+
+def test_a_promise_someone_relies_on_cannot_be_withdrawn_silently():
+    p = policy()
+    p.allocate("a", len(A), 2, token_ids=A)
+    p.append_slots("a", len(A))
+    p.allocate("b", len(A), 2, token_ids=A)  # b counts a's two unwritten blocks as computed
+    with pytest.raises(RuntimeError, match="free that sequence first"):
+        p.free("a")
+    p.free("b")  # the newest first, as the engine's abort does
+    p.free("a")
+    assert p.num_cached_blocks() == 0 and p.num_free_blocks == p.num_blocks
+    p.check_invariants()
+
+
+def test_a_sequence_with_unwritten_tokens_cannot_be_swapped_out():
+    p, space = policy(), SwapSpace(8, BS)
+    p.allocate("a", len(A), 2, token_ids=A)
+    p.append_slots("a", len(A))
+    with pytest.raises(RuntimeError, match="planned but not written"):
+        space.swap_out(p, ["a"])
+    p.commit_tokens("a", A)
+    assert len(space.swap_out(p, ["a"])) == 3
+    space.drop("a")
+    space.check_invariants()
+    assert not space.seq_ids() and p.num_free_blocks == p.num_blocks

@@ -126,6 +126,35 @@ def test_reset_prefix_cache_makes_the_next_request_cold(cold):
     assert_clean(llm)
 
 
+def test_an_interrupted_generate_leaks_nothing_and_leaves_no_unwritten_block_findable(cold):
+    llm = make(True)
+    forward, calls = llm.engine.model.forward, []
+
+    def interrupted(*args, **kwargs):
+        calls.append(1)
+        raise KeyboardInterrupt  # as a Ctrl-C in the middle of the first forward pass
+
+    llm.engine.model.forward = interrupted
+    with pytest.raises(KeyboardInterrupt):
+        llm.generate(PROMPTS[:3], GREEDY, use_tqdm=False)
+    llm.engine.model.forward = forward
+    assert calls and llm.engine.policy.num_cached_blocks() == 0, "the promised blocks were never written"
+    assert_clean(llm)
+    outs = llm.generate(PROMPTS[:3], GREEDY, use_tqdm=False)
+    assert outs[0].num_cached_tokens == 0 and tokens(outs) == cold[0][:3]
+
+
+def test_the_token_budget_counts_only_what_a_request_computes():
+    budget = len(SYSTEM) + 20  # room for one cold prompt a step, or several warm ones
+    llm, plain = make(True, max_num_batched_tokens=budget), make(False, max_num_batched_tokens=budget)
+    for engine in (llm, plain):
+        engine.generate([SYSTEM + [1]], SamplingParams(temperature=0, max_tokens=1), use_tqdm=False)
+        engine.engine.stats["batch_sizes"].clear()
+        engine.generate(PROMPTS, GREEDY, use_tqdm=False)
+    assert plain.engine.stats["batch_sizes"][0] == 1, "cold, each prompt fills the step's budget alone"
+    assert llm.engine.stats["batch_sizes"][0] >= 3, "warm, several prompts fit the budget in one step"
+
+
 def test_the_batched_backend_agrees(cold):
     llm = make(True, attention_backend="torch_batched")
     assert tokens(one_by_one(llm, PROMPTS)) == cold[0]

@@ -1,5 +1,5 @@
-"""Chapter 07 at random: whatever the order of admissions, decodes, forks and frees, every sequence
-reads back exactly its own tokens through its block table, and nothing leaks.
+"""Chapter 07 at random: whatever the order of admissions, decodes, forks, frees, swaps and cache
+resets, every sequence reads back exactly its own tokens through its block table, and nothing leaks.
 
 A fake KV cache stands in for the engine's tensors: each slot remembers what its "K/V" depends on,
 the token written there and every token before it in its sequence. Copies on write are made before
@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from minipaged.kv import PrefixCachingPolicy
+from minipaged.kv.swap import SwapSpace
 
 BS, NUM_BLOCKS = 2, 12
 
@@ -24,6 +25,9 @@ ops = st.lists(st.one_of(
     st.tuples(st.just("decode"), st.integers(0, 7), st.integers(0, 1)),
     st.tuples(st.just("fork"), st.integers(0, 7)),
     st.tuples(st.just("free"), st.integers(0, 7)),
+    st.tuples(st.just("swap_out"), st.integers(0, 7)),
+    st.tuples(st.just("swap_in"), st.integers(0, 7)),
+    st.tuples(st.just("reset")),
 ), max_size=60)
 
 
@@ -33,6 +37,9 @@ class FakeEngine:
         self.slot_holds: dict[int, tuple] = {}  # slot -> the tokens up to the one written there
         self.tokens: dict[int, list[int]] = {}  # seq -> its tokens (the truth)
         self.ids = iter(range(10**6))
+        self.space = SwapSpace(NUM_BLOCKS, BS)
+        self.cpu_holds: dict[int, tuple] = {}  # the swap space's slots, likewise
+        self.swapped: dict[int, list[int]] = {}  # swapped-out seq -> its tokens
 
     def write(self, seq, start, new_tokens, slots):
         for src, dst in self.p.drain_copies():  # copy-on-write first, as the engine does
@@ -94,6 +101,29 @@ class FakeEngine:
             self.p.free(seq)
             del self.tokens[seq]
 
+    def swap_out(self, i):
+        seq = self.pick(i)
+        if seq is None or not self.space.can_swap_out(self.p, [seq]):
+            return
+        for dev, cpu in self.space.swap_out(self.p, [seq]):  # copied out before anyone reuses the block
+            for off in range(BS):
+                self.cpu_holds[cpu * BS + off] = self.slot_holds.get(dev * BS + off)
+        self.swapped[seq] = self.tokens.pop(seq)
+
+    def swap_in(self, i):
+        if not self.swapped:
+            return
+        seq = sorted(self.swapped)[i % len(self.swapped)]
+        if not self.space.can_swap_in(self.p, [seq]):
+            return
+        for cpu, dev in self.space.swap_in(self.p, [seq]):
+            for off in range(BS):
+                self.slot_holds[dev * BS + off] = self.cpu_holds.get(cpu * BS + off)
+        self.tokens[seq] = self.swapped.pop(seq)
+
+    def reset(self):
+        self.p.reset_cache()
+
     def check(self):
         self.p.check_invariants()
         for seq, toks in self.tokens.items():
@@ -111,8 +141,12 @@ def test_every_sequence_reads_back_its_own_tokens(program):
         engine.check()
     for seq in list(engine.tokens):
         engine.p.free(seq)
+    for seq in list(engine.swapped):
+        engine.space.drop(seq)
     engine.p.check_invariants()
+    engine.space.check_invariants()
     assert engine.p.num_free_blocks == NUM_BLOCKS and not engine.p.seq_ids(), "a block leaked"
+    assert not engine.space.seq_ids(), "the swap space leaked"
 
 
 def test_the_random_programs_do_hit_and_evict():

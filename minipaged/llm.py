@@ -263,8 +263,14 @@ class LLM:
         search = BeamSearch(backend, params, self.tokenizer.eos_token_id, max_num_seqs=self.max_num_seqs,
                             preemption_mode=mode)
         bar = tqdm(total=len(ids), desc="beam search", unit="prompt", disable=not use_tqdm)
-        outputs = search.run(ids, self.max_model_len, self.tokenizer, on_finish=lambda _: bar.update(1))
-        bar.close()
+        try:
+            outputs = search.run(ids, self.max_model_len, self.tokenizer, on_finish=lambda _: bar.update(1))
+        except BaseException:  # interrupted: the beams' blocks go back to the pool
+            if isinstance(backend, PagedBeams):
+                self.engine.abort_all()
+            raise
+        finally:
+            bar.close()
         return outputs
 
     def chat(self, messages, sampling_params=None, use_tqdm: bool = True, add_generation_prompt: bool = True):

@@ -144,6 +144,24 @@ def test_an_interrupted_generate_leaks_nothing_and_leaves_no_unwritten_block_fin
     assert outs[0].num_cached_tokens == 0 and tokens(outs) == cold[0][:3]
 
 
+def test_an_interrupted_beam_search_gives_its_blocks_back():
+    llm = make(True)
+    forward, calls = llm.engine.model.forward, []
+
+    def fails_on_the_third_pass(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return forward(*args, **kwargs)
+
+    llm.engine.model.forward = fails_on_the_third_pass
+    with pytest.raises(KeyboardInterrupt):
+        llm.beam_search(PROMPTS[:2], BeamSearchParams(beam_width=3, max_tokens=10, ignore_eos=True))
+    llm.engine.model.forward = forward
+    assert len(calls) == 3
+    assert_clean(llm)
+
+
 def test_the_token_budget_counts_only_what_a_request_computes():
     budget = len(SYSTEM) + 20  # room for one cold prompt a step, or several warm ones
     llm, plain = make(True, max_num_batched_tokens=budget), make(False, max_num_batched_tokens=budget)

@@ -26,9 +26,11 @@ arrivals over time, eviction under memory pressure (the simulator does that:
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import time
+from statistics import median
 
 SYSTEM_PROMPT = (
     "You are the help desk of the Riverside Community Library. Follow these rules in every answer. "
@@ -81,12 +83,6 @@ def _ttft(out) -> float:
     return out.metrics["first_token_time"] - out.metrics["arrival_time"]
 
 
-def _median(values):
-    ordered = sorted(values)
-    mid = len(ordered) // 2
-    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
-
-
 def run_system_prompt(llms: dict, questions, params, system_prompt: str = SYSTEM_PROMPT) -> dict:
     chats = [[{"role": "system", "content": system_prompt}, {"role": "user", "content": q}] for q in questions]
     result = {}
@@ -96,7 +92,7 @@ def run_system_prompt(llms: dict, questions, params, system_prompt: str = SYSTEM
         wall = time.perf_counter() - start
         result[key] = {"wall_s": wall, "prompt_tokens": sum(len(o.prompt_token_ids) for o in outs),
                        "computed": sum(len(o.prompt_token_ids) - o.num_cached_tokens for o in outs),
-                       "ttft_p50_s": _median([_ttft(o) for o in outs]),
+                       "ttft_p50_s": median([_ttft(o) for o in outs]),
                        "tokens": [o.outputs[0].token_ids for o in outs]}
     result["system_prompt_tokens"] = len(next(iter(llms.values())).tokenizer.encode(system_prompt))
     return result
@@ -123,10 +119,10 @@ def run_conversation(llms: dict, turns, params, system_prompt: str = SYSTEM_PROM
 def _medians(runs: list[dict], timed: tuple) -> dict:
     """The first run, with each timed field replaced by its median over all runs (the token counts and
     outputs are the same in every run; ``identical_runs`` says whether they were)."""
-    merged = json.loads(json.dumps(runs[0]))
+    merged = copy.deepcopy(runs[0])
     for key in ("cold", "warm"):
         for field in timed:
-            merged[key][field] = _median([r[key][field] for r in runs])
+            merged[key][field] = median([r[key][field] for r in runs])
     return merged
 
 

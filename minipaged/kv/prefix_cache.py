@@ -67,11 +67,16 @@ from minipaged.kv.shared import RefCountedBlockPool, SharedPolicy
 BlockKey = tuple  # (hash of the parent's key or None, token ids of the block)
 
 
+def next_key(parent: BlockKey | None, block_tokens) -> BlockKey:
+    """The key of a full block holding ``block_tokens``, after the block whose key is ``parent``."""
+    return (hash(parent) if parent is not None else None, tuple(block_tokens))
+
+
 def block_keys(token_ids, block_size: int, parent: BlockKey | None = None, start: int = 0) -> list[BlockKey]:
     """Keys of the full blocks of ``token_ids`` from block ``start`` on (``parent``: block start-1's key)."""
     keys = []
     for i in range(start, len(token_ids) // block_size):
-        parent = (hash(parent) if parent is not None else None, tuple(token_ids[i * block_size:(i + 1) * block_size]))
+        parent = next_key(parent, token_ids[i * block_size:(i + 1) * block_size])
         keys.append(parent)
     return keys
 
@@ -169,19 +174,12 @@ class PrefixBlockPool(RefCountedBlockPool):
         return super().is_free(block) or block in self._evictable
 
     def check_invariants(self) -> None:
+        super().check_invariants()  # the plain free list, and count 0 <=> free (``is_free`` counts the LRU list)
         assert all(self._refs[b] == 0 for b in self._evictable), "an evictable block has holders"
         assert all(b in self._key_of for b in self._evictable), "an evictable block is not cached"
         assert all(self._block_of[k] == b for b, k in self._key_of.items()), "the cache's two maps disagree"
         assert len(self._block_of) == len(self._key_of), "the cache's two maps disagree"
-        plain_free = set(self._free_queue)
-        assert not plain_free & set(self._key_of), "a block on the plain free list is still cached"
-        # the parent's view: ref 0 <=> free, with evictable blocks counted as free
-        wrong = [b for b in range(self.num_blocks) if (self._refs[b] == 0) != self.is_free(b)]
-        assert not wrong, f"blocks {wrong[:8]}: reference count 0 must mean free (or evictable), and only then"
-        queued = list(self._free_queue)
-        assert len(set(queued)) == len(queued), "a block is on the free list twice"
-        assert sorted(queued) == [b for b in range(self.num_blocks) if self._is_free[b]], \
-            "the free bitmap disagrees with the free list"
+        assert not set(self._free_queue) & set(self._key_of), "a block on the plain free list is still cached"
 
 
 @dataclass
@@ -217,7 +215,7 @@ class PrefixCachingPolicy(SharedPolicy):
         is never served from the cache: its logits are needed)."""
         blocks, keys, parent, bs = [], [], None, self.block_size
         for i in range((len(token_ids) - 1) // bs):
-            key = (hash(parent) if parent is not None else None, tuple(token_ids[i * bs:(i + 1) * bs]))
+            key = next_key(parent, token_ids[i * bs:(i + 1) * bs])
             block = self.pool.lookup(key)
             if block is None:
                 break

@@ -144,8 +144,7 @@ class ContinuousScheduler:
                 return
             if self.running and self.num_running_seqs() + group.num_seqs > self.max_num_seqs:
                 return
-            tokens = sum(s.num_tokens - self._cached_prefix(s) for s in group.seqs)  # outputs too, if preempted
-            if budget is not None and plan.work and plan.num_tokens + tokens > budget:
+            if budget is not None and plan.work and plan.num_tokens + self._tokens_to_compute(group) > budget:
                 return
             reason = self._never_fits(group)
             if reason is None:
@@ -183,9 +182,11 @@ class ContinuousScheduler:
             raise
         return True
 
-    def _cached_prefix(self, seq) -> int:
-        """Tokens of seq the prefix cache would serve (chapter 07); they cost no compute this step."""
-        return self.policy.cached_prefix_tokens(seq.all_ids) if self.policy.caches_prefixes else 0
+    def _tokens_to_compute(self, group: Group) -> int:
+        """New tokens the group's admission adds to the step: its outputs too, if it was preempted, and
+        minus what the prefix cache would serve (chapter 07)."""
+        cached = self.policy.cached_prefix_tokens if self.policy.caches_prefixes else lambda ids: 0
+        return sum(s.num_tokens - cached(s.all_ids) for s in group.seqs)
 
     @staticmethod
     def _remaining(seq) -> int:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import random
 
 from minipaged.kv import make_policy
+from minipaged.kv.prefix_cache import block_keys
 from minipaged.simulator.serving import simulate_serving
 from minipaged.simulator.workloads import Request
 
@@ -54,8 +55,6 @@ def make_prefix_workload(num_requests: int = 400, num_prefixes: int = 8, prefix_
 def ideal_hit_rate(requests, block_size: int = 16) -> float:
     """Prompt tokens an unbounded cache would serve: every full block after its first computation
     (and never a prompt's last token, which is always computed)."""
-    from minipaged.kv.prefix_cache import block_keys
-
     seen, hits, total = set(), 0, 0
     for r in requests:
         keys = block_keys(r.prompt_ids[:r.prompt_len - 1], block_size)

@@ -33,15 +33,18 @@ KV_POLICIES = ("per_request", *ALL_POLICIES)
 
 def _metrics(group) -> dict:
     """vLLM's RequestOutput.metrics fields (time.perf_counter() seconds): when the request arrived,
-    when its first token came and when its last sample finished."""
+    when its first token came and when its last sample finished; and, for inter-token latency
+    (chapter 08), when each sample's tokens came (the paged engine records them)."""
     firsts = [s.first_token_time for s in group if s.first_token_time is not None]
     ends = [s.finished_time for s in group if s.finished_time is not None]
     return {"arrival_time": group[0].arrival_time, "first_token_time": min(firsts) if firsts else None,
-            "finished_time": max(ends) if len(ends) == len(group) else None}
+            "finished_time": max(ends) if len(ends) == len(group) else None,
+            "token_times": [list(s.token_times) for s in group]}  # per sample: when each output token came
 
 
-def _check_scheduling(scheduler, preemption_mode, max_num_batched_tokens, swap_space_tokens) -> None:
-    from minipaged.scheduler import PREEMPTION_MODES, SCHEDULERS
+def _check_scheduling(scheduler, preemption_mode, max_num_batched_tokens, swap_space_tokens,
+                      enable_chunked_prefill, kv_policy, max_num_seqs) -> None:
+    from minipaged.scheduler import DEFAULT_CHUNKED_BUDGET, PREEMPTION_MODES, SCHEDULERS
 
     if scheduler not in SCHEDULERS:
         raise ValueError(f"scheduler={scheduler!r} is not known; choose one of {list(SCHEDULERS)}")
@@ -51,6 +54,20 @@ def _check_scheduling(scheduler, preemption_mode, max_num_batched_tokens, swap_s
                                ("swap_space_tokens", swap_space_tokens, 0)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < least):
             raise ValueError(f"{name}={value!r} must be an integer >= {least}, or None")
+    if not isinstance(enable_chunked_prefill, bool):
+        raise ValueError(f"enable_chunked_prefill must be True or False, got {enable_chunked_prefill!r}")
+    if not enable_chunked_prefill:
+        return
+    if kv_policy == "per_request":
+        raise ValueError("enable_chunked_prefill=True needs a pooled kv_policy (on_demand, shared, ...): "
+                         "kv_policy='per_request' runs one sequence at a time, so no decode waits on a prompt")
+    if scheduler != "continuous":
+        raise ValueError(f"enable_chunked_prefill=True needs scheduler='continuous', not {scheduler!r}")
+    budget = DEFAULT_CHUNKED_BUDGET if max_num_batched_tokens is None else max_num_batched_tokens
+    if isinstance(max_num_seqs, int) and budget < max_num_seqs:
+        raise ValueError(f"max_num_batched_tokens={budget} must be >= max_num_seqs={max_num_seqs} with chunked "
+                         "prefill (every running sequence's next token must fit in one step); raise it or "
+                         "lower max_num_seqs")
 
 
 class LLM:
@@ -82,8 +99,12 @@ class LLM:
         preemption_mode: what happens to the newest request when the pool runs dry mid-decode:
             "recompute" (free its blocks, prefill it again later) or "swap" (copy its blocks to a
             CPU swap space and back).
-        max_num_batched_tokens: most new tokens in one step (None: no limit); a step with nothing
-            else in it always takes the next prompt whole.
+        max_num_batched_tokens: most new tokens in one step. Without chunked prefill, None means no
+            limit, and a step with nothing else in it always takes the next prompt whole. With it, the
+            default is 256 and no step ever computes more.
+        enable_chunked_prefill: (chapter 08, scheduler="continuous", pooled policies) compute long
+            prompts a chunk per step, after the running sequences' decodes, so that a decode never
+            waits for more than max_num_batched_tokens tokens of prompt.
         swap_space_tokens: size of the CPU swap space in token slots (default: kv_capacity_tokens
             with preemption_mode="swap", else 0).
         watermark: fraction of the pool that admission keeps free for the running sequences to grow
@@ -103,7 +124,8 @@ class LLM:
                  use_cache: bool = True, max_model_len: int | None = None, device: str = "cpu",
                  progress: bool = True, scheduler: str = "continuous", preemption_mode: str = "recompute",
                  max_num_batched_tokens: int | None = None, swap_space_tokens: int | None = None,
-                 watermark: float = 0.01, enable_prefix_caching: bool = False):
+                 watermark: float = 0.01, enable_prefix_caching: bool = False,
+                 enable_chunked_prefill: bool = False):
         if kv_policy not in KV_POLICIES:
             raise ValueError(f"kv_policy={kv_policy!r} is not known; choose one of {list(KV_POLICIES)}")
         if not isinstance(enable_prefix_caching, bool):
@@ -113,7 +135,8 @@ class LLM:
                 raise ValueError(f"enable_prefix_caching=True needs kv_policy='shared' (cached blocks are shared "
                                  f"by counting their holders); kv_policy={kv_policy!r} cannot share a block")
             kv_policy = "prefix_caching"
-        _check_scheduling(scheduler, preemption_mode, max_num_batched_tokens, swap_space_tokens)
+        _check_scheduling(scheduler, preemption_mode, max_num_batched_tokens, swap_space_tokens,
+                          enable_chunked_prefill, kv_policy, max_num_seqs)
         loaded = load_model(model, dtype=dtype, seed=seed, progress=progress, device=device)
         self.model, self.tokenizer, self.config = loaded.model, loaded.tokenizer, loaded.config
         if max_model_len is not None and not 1 < max_model_len <= self.config.max_model_len:
@@ -140,7 +163,8 @@ class LLM:
                                       max_num_seqs=max_num_seqs, scheduler=scheduler,
                                       preemption_mode=preemption_mode,
                                       max_num_batched_tokens=max_num_batched_tokens,
-                                      swap_space_tokens=swap_space_tokens)
+                                      swap_space_tokens=swap_space_tokens,
+                                      enable_chunked_prefill=enable_chunked_prefill)
         self._request_ids = itertools.count()
         self._seq_ids = itertools.count()
 

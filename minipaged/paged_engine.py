@@ -36,8 +36,13 @@ is simply "already cached": the forward pass computes ``all_ids[cached:]`` as fo
 If a run is interrupted (an error in a forward pass, a KeyboardInterrupt), ``abort_all`` gives every
 sequence's blocks back before the exception goes on, so the pool is whole again for the next call.
 
-Not handled here: chunked prefill (08). Beam search drives this engine's
-``forward`` from minipaged/beam_search.py with a loop of its own.
+Chunked prefill (chapter 08, scheduler/chunked.py) needs two things from the engine: it computes
+the planned ``num_new`` tokens of each sequence, which may be a prompt's next chunk rather than all
+of it, and it samples only for the sequences whose last token was computed (``completes``). Each
+sampled token's time goes to ``seq.token_times``, so a benchmark can measure inter-token latency.
+
+Beam search drives this engine's ``forward`` from minipaged/beam_search.py with a loop of its own
+(its prompts are prefilled whole).
 """
 
 from __future__ import annotations
@@ -56,7 +61,8 @@ from minipaged.sequence import Sequence
 class PagedEngine:
     def __init__(self, model, tokenizer, policy, attention_backend: str = "torch", max_num_seqs: int = 64,
                  scheduler: str = "continuous", preemption_mode: str = "recompute",
-                 max_num_batched_tokens: int | None = None, swap_space_tokens: int = 0):
+                 max_num_batched_tokens: int | None = None, swap_space_tokens: int = 0,
+                 enable_chunked_prefill: bool = False):
         cfg = model.config
         self.model, self.tokenizer, self.policy = model, tokenizer, policy
         self.cache = PagedKVCache(cfg, policy.num_blocks, policy.block_size, model.dtype, model.device)
@@ -65,7 +71,8 @@ class PagedEngine:
         self.stats = {"steps": 0, "forward_passes": 0, "tokens_computed": 0, "preemptions": 0,
                       "refused": 0, "max_running": 0, "usage": [], "forks": 0, "block_copies": 0,
                       "blocks_physical": [], "blocks_logical": [], "batch_sizes": [], "kv_occupied": [],
-                      "step_seconds": [], "forward_seconds": [], "swap_seconds": 0.0}
+                      "step_seconds": [], "forward_seconds": [], "swap_seconds": 0.0, "step_tokens": [],
+                      "step_decodes": []}
         if preemption_mode == "swap" and not hasattr(policy, "detach"):
             raise ValueError(f"preemption_mode='swap' needs a block-table policy (block_table, on_demand, shared); "
                              f"{policy.label} reserves each request's memory up front and never preempts")
@@ -75,12 +82,14 @@ class PagedEngine:
         self.swap_cache = SwapKVCache(cfg, swap_blocks, policy.block_size, model.dtype) if self.swap_space else None
         self.scheduler_name, self.preemption_mode = scheduler, preemption_mode
         self.max_num_batched_tokens = max_num_batched_tokens
+        self.enable_chunked_prefill = enable_chunked_prefill
         self.scheduler = self._new_scheduler()
 
     def _new_scheduler(self):
         return make_scheduler(self.scheduler_name, self.policy, max_num_seqs=self.max_num_seqs,
                               max_num_batched_tokens=self.max_num_batched_tokens,
-                              preemption_mode=self.preemption_mode, swap_space=self.swap_space, stats=self.stats)
+                              preemption_mode=self.preemption_mode, swap_space=self.swap_space, stats=self.stats,
+                              enable_chunked_prefill=self.enable_chunked_prefill)
 
     @property
     def kv(self):
@@ -135,6 +144,7 @@ class PagedEngine:
         self.stats["tokens_computed"] += len(tokens)
         self.stats["max_running"] = max(self.stats["max_running"], len(work))
         self.stats["batch_sizes"].append(len(work))
+        self.stats["step_tokens"].append(len(tokens))
         usage = self.policy.usage()
         self.stats["usage"].append(usage.utilization)  # tokens / slots held
         self.stats["kv_occupied"].append(usage.occupied / usage.total)  # slots held / the whole pool
@@ -149,9 +159,12 @@ class PagedEngine:
     def _sample(self, plan, logits, generators: dict) -> list[Sequence]:
         finished, now = [], time.perf_counter()
         for work, row in zip(plan.work, logits):
+            if not work.completes:  # a prompt chunk with more to come (chapter 08): nothing to sample yet
+                continue
             seq = work.seq
             for s in [*self.scheduler.fork_children(seq), seq]:  # forks first: seq may finish now
                 next_token(s, row, generators[s.seq_id], self.tokenizer)
+                s.token_times.append(now)
                 if s.first_token_time is None:
                     s.first_token_time = now
                 if s.finished:
@@ -168,7 +181,9 @@ class PagedEngine:
         if not plan.work:
             return finished
         self.swap_blocks(plan.swap_out, plan.swap_in)
-        logits = self.forward([(w.seq.seq_id, w.seq.all_ids[w.cached:], w.cached, w.slots) for w in plan.work])
+        self.stats["step_decodes"].append(plan.num_decodes)
+        logits = self.forward([(w.seq.seq_id, w.seq.all_ids[w.cached:w.cached + w.num_new], w.cached, w.slots)
+                               for w in plan.work])
         finished += self._sample(plan, logits, generators)
         self.stats["steps"] += 1
         self.stats["step_seconds"].append(time.perf_counter() - start)

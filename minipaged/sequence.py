@@ -33,6 +33,7 @@ class Sequence:
     first_token_time: float | None = None
     finished_time: float | None = None
     num_cached_tokens: int = 0  # prompt tokens the prefix cache served at its first prefill (chapter 07)
+    token_times: list[float] = field(default_factory=list)  # when each output token was sampled (paged engine)
 
     @property
     def all_ids(self) -> list[int]:

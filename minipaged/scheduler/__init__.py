@@ -2,6 +2,9 @@
 
     make_scheduler("static", policy, ...)       static.py      a batch runs until its longest request ends
     make_scheduler("continuous", policy, ...)   continuous.py  requests join and leave at every step
+    make_scheduler("continuous", policy, enable_chunked_prefill=True, ...)
+                                                chunked.py     (chapter 08) long prompts a chunk per step,
+                                                               beside the decodes, within a token budget
 
 Both plan one engine step at a time (``schedule() -> StepPlan``, plan.py) over the same KV policy,
 and both preempt by recompute or by swap (kv/swap.py). The engine (paged_engine.py) only executes
@@ -9,6 +12,7 @@ the plan: block copies, one forward pass, sampling; then it tells the scheduler 
 Like the KV policies, the schedulers are plain Python: they can be tested without a model.
 """
 
+from minipaged.scheduler.chunked import DEFAULT_CHUNKED_BUDGET, ChunkedPrefillScheduler
 from minipaged.scheduler.continuous import PREEMPTION_MODES, ContinuousScheduler
 from minipaged.scheduler.plan import Group, ScheduledSeq, StepPlan
 from minipaged.scheduler.static import StaticScheduler
@@ -16,11 +20,18 @@ from minipaged.scheduler.static import StaticScheduler
 SCHEDULERS = ("continuous", "static")
 
 
-def make_scheduler(name: str, policy, **options):
+def make_scheduler(name: str, policy, enable_chunked_prefill: bool = False, **options):
     if name not in SCHEDULERS:
         raise ValueError(f"scheduler={name!r} is not known; choose one of {list(SCHEDULERS)}")
+    if not isinstance(enable_chunked_prefill, bool):
+        raise ValueError(f"enable_chunked_prefill must be True or False, got {enable_chunked_prefill!r}")
+    if enable_chunked_prefill:
+        if name != "continuous":
+            raise ValueError(f"enable_chunked_prefill=True needs scheduler='continuous', not {name!r}: a static "
+                             "batch admits nobody while it decodes, so there is nothing to interleave chunks with")
+        return ChunkedPrefillScheduler(policy, **options)
     return (ContinuousScheduler if name == "continuous" else StaticScheduler)(policy, **options)
 
 
-__all__ = ["SCHEDULERS", "PREEMPTION_MODES", "make_scheduler", "ContinuousScheduler", "StaticScheduler",
-           "Group", "ScheduledSeq", "StepPlan"]
+__all__ = ["SCHEDULERS", "PREEMPTION_MODES", "DEFAULT_CHUNKED_BUDGET", "make_scheduler", "ContinuousScheduler",
+           "StaticScheduler", "ChunkedPrefillScheduler", "Group", "ScheduledSeq", "StepPlan"]

@@ -28,12 +28,13 @@ outgrow it) is refused with the reason when it reaches the head of the queue, an
 
 The token budget: a step's new tokens stay within ``max_num_batched_tokens``, except that a step
 with nothing else in it always takes the head of the queue whole, so a long prompt is never starved
-(chapter 08 splits such prompts into chunks instead).
+(chapter 08's scheduler, scheduler/chunked.py, splits such prompts into chunks instead).
 
 With a prefix cache (chapter 07) a request is admitted with its token ids, so the blocks already
 cached count as computed, and only its uncached tokens count against the token budget.
 
-Not handled: priorities, chunked prefill (08), favouring requests with long cache hits.
+Not handled: priorities, chunked prefill (chapter 08, scheduler/chunked.py builds it on this one),
+favouring requests with long cache hits.
 """
 
 from __future__ import annotations
@@ -137,14 +138,13 @@ class ContinuousScheduler:
         return True
 
     def _admit(self, plan: StepPlan) -> None:
-        budget = self.max_num_batched_tokens
         while self.waiting:
             group = self.waiting[0]
             if not self._may_admit(group):
                 return
             if self.running and self.num_running_seqs() + group.num_seqs > self.max_num_seqs:
                 return
-            if budget is not None and plan.work and plan.num_tokens + self._tokens_to_compute(group) > budget:
+            if self._over_budget(group, plan):
                 return
             reason = self._never_fits(group)
             if reason is None:
@@ -160,6 +160,12 @@ class ContinuousScheduler:
                 continue
             self.running.append(group)
             self._plan(group, plan)
+
+    def _over_budget(self, group: Group, plan: StepPlan) -> bool:
+        """Whether admitting the group whole would take the step past ``max_num_batched_tokens``
+        (a step with nothing else in it takes it anyway; chapter 08's scheduler chunks it instead)."""
+        budget = self.max_num_batched_tokens
+        return budget is not None and bool(plan.work) and plan.num_tokens + self._tokens_to_compute(group) > budget
 
     def _allocate(self, group: Group) -> bool:
         """Allocate every sequence of the group, all or nothing. False if there is no room now;

@@ -9,9 +9,10 @@ in ``children``.
 A ``StepPlan`` is everything the engine must do in one step, in order:
 
     1. the block copies for swapping: device -> CPU (``swap_out``), then CPU -> device (``swap_in``);
-    2. one forward pass over ``work``: for each scheduled sequence, the tokens of it that have no K/V
-       yet (``seq.all_ids[cached:]``) and the slots their K/V goes to;
-    3. sampling one token for each of them.
+    2. one forward pass over ``work``: for each scheduled sequence, the next tokens of it that have
+       no K/V yet (``seq.all_ids[cached:cached + num_new]``: all of them, unless chapter 08's
+       scheduler cut a prompt into chunks) and the slots their K/V goes to;
+    3. sampling one token for each sequence whose tokens are now all computed (``completes``).
 
 ``refused`` are the requests that were dropped this step because they could never fit.
 """
@@ -48,6 +49,17 @@ class ScheduledSeq:
     def num_new(self) -> int:
         return len(self.slots)
 
+    @property
+    def completes(self) -> bool:
+        """Whether this step computes the sequence's last uncached token, so it samples a token
+        (false for a prompt chunk that is not the last, chapter 08)."""
+        return self.cached + self.num_new == self.seq.num_tokens
+
+    @property
+    def is_prefill(self) -> bool:
+        """Prompt work (or a recomputed sequence's): more than one token, no output yet, or a chunk."""
+        return self.num_new > 1 or not self.seq.output_ids or not self.completes
+
 
 @dataclass
 class StepPlan:
@@ -63,4 +75,8 @@ class StepPlan:
 
     @property
     def num_prefill_tokens(self) -> int:
-        return sum(w.num_new for w in self.work if w.num_new > 1 or not w.seq.output_ids)
+        return sum(w.num_new for w in self.work if w.is_prefill)
+
+    @property
+    def num_decodes(self) -> int:
+        return sum(1 for w in self.work if not w.is_prefill)

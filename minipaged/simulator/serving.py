@@ -13,7 +13,11 @@ benchmark, ``python -m minipaged bench serving``, measures it on the real model)
 Requests that carry their ``prompt_ids`` are admitted with them, so a prefix cache (chapter 07) can
 find their blocks; the others have prompts of one repeated token. Every generated token is token 7.
 
-Not modelled: time per step (a prefill step costs more than a decode step on a real model).
+With ``enable_chunked_prefill`` the scheduler is chapter 08's: ``step_tokens`` then never exceeds
+the budget, and a prompt chunk that is not the last samples nothing.
+
+Not modelled: time per step (a prefill step costs more than a decode step on a real model; chapter
+08's simulator, simulator/chunked.py, counts a step's cost in the tokens it computes).
 """
 
 from __future__ import annotations
@@ -42,6 +46,8 @@ class ServingRun:
     batch_sizes: list[int] = field(default_factory=list)  # sequences in each step's forward pass
     kv_held: list[float] = field(default_factory=list)  # fraction of the pool's slots held, each step
     prefill_tokens: list[int] = field(default_factory=list)
+    step_tokens: list[int] = field(default_factory=list)  # tokens computed in each step (prefill + decodes)
+    decodes: list[int] = field(default_factory=list)  # sequences decoding one token in each step
     tokens_computed: int = 0  # token positions the steps computed (prompts, minus cache hits, and decodes)
     finish_step: dict[int, int] = field(default_factory=dict)  # request id -> step it finished in
     first_token_step: dict[int, int] = field(default_factory=dict)
@@ -59,7 +65,8 @@ class ServingRun:
 
 def simulate_serving(scheduler: str, policy, requests, *, max_num_seqs: int = 256,
                      max_num_batched_tokens: int | None = None, preemption_mode: str = "recompute",
-                     swap_blocks: int = 0, n: int = 1, max_steps: int = 1_000_000) -> ServingRun:
+                     swap_blocks: int = 0, n: int = 1, max_steps: int = 1_000_000,
+                     enable_chunked_prefill: bool = False) -> ServingRun:
     """Run ``requests`` (simulator.workloads.Request, all arriving at once) to the end.
 
     Each request generates exactly its ``output_len`` tokens (as ``ignore_eos`` does); ``n`` > 1
@@ -69,7 +76,8 @@ def simulate_serving(scheduler: str, policy, requests, *, max_num_seqs: int = 25
     swap = SwapSpace(swap_blocks, policy.block_size) if swap_blocks else None
     run = ServingRun(scheduler, policy.label)
     sched = make_scheduler(scheduler, policy, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                           preemption_mode=preemption_mode, swap_space=swap, stats=run.stats)
+                           preemption_mode=preemption_mode, swap_space=swap, stats=run.stats,
+                           enable_chunked_prefill=enable_chunked_prefill)
     ids, owner, tokenizer = itertools.count(), {}, _NoText()
     for r in requests:
         params = SamplingParams(n=n, max_tokens=r.output_len, ignore_eos=True)
@@ -96,11 +104,16 @@ def simulate_serving(scheduler: str, policy, requests, *, max_num_seqs: int = 25
         run.steps += 1
         run.batch_sizes.append(len(plan.work))
         run.prefill_tokens.append(plan.num_prefill_tokens)
+        run.step_tokens.append(plan.num_tokens)
+        run.decodes.append(plan.num_decodes)
         run.tokens_computed += plan.num_tokens
         usage = policy.usage()
         run.kv_held.append(usage.occupied / usage.total)
         for work in plan.work:
-            policy.commit_tokens(work.seq.seq_id, work.seq.all_ids[work.cached:])  # their "K/V" is written
+            new = work.seq.all_ids[work.cached:work.cached + work.num_new]
+            policy.commit_tokens(work.seq.seq_id, new)  # their "K/V" is written
+            if not work.completes:  # a prompt chunk with more to come (chapter 08)
+                continue
             for seq in [*sched.fork_children(work.seq), work.seq]:
                 seq.append(7, tokenizer)
                 request = owner[seq.seq_id]

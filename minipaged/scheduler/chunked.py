@@ -1,0 +1,107 @@
+"""Chapter 08: chunked prefill. A long prompt is computed a chunk per step, beside the decodes.
+
+Without chunks, admitting a 1,000-token prompt makes one step compute 1,000 tokens, and every request
+that is decoding waits for that step to end: its next token comes late. An operating system meets
+the same trade-off between a long batch job and interactive programs, and answers it with a time
+slice: the long job runs for a slice, then the others get the processor, and it resumes where it
+stopped. Here the slice is a token budget per step, ``max_num_batched_tokens``:
+
+    1. decodes first: every running sequence that needs one token gets it. The budget is at least
+       ``max_num_seqs``, so they fit; a lone request with more samples than that (admitted because
+       nothing else ran) still gets all its decodes, over budget. Preemption works as in chapter 06;
+    2. then the prompts being prefilled, oldest first, each as many of its next uncached tokens as
+       the budget has left: a chunk. A chunk that is not the last samples nothing;
+    3. then swapped-out requests and new ones, as in chapter 06, while the budget has room. A new
+       prompt takes what is left of the budget, and its next chunk comes in the next step.
+
+So no step computes more than the budget, and a decoding request's next token never waits for more
+than one budget's worth of prompt. The price: a long prompt's first token comes a few steps later,
+and each step pays the fixed cost of reading the weights once more.
+
+The K/V of a chunk is written like any other tokens' (its queries attend to everything cached before
+them plus themselves, causally), so the math is the same as one big prefill. The prompt's blocks are
+all allocated at admission, as before; only their slots are handed out chunk by chunk. With a prefix
+cache (chapter 07) a block is promised when the chunk that fills it has its slots, no earlier.
+
+Not handled: a limit on how many prompts are partly prefilled at once (vLLM's
+``max_num_partial_prefills``), chunking beam search's prompts (it drives the engine itself), and
+static batching (chunks only make sense when requests decode while others are admitted).
+"""
+
+from __future__ import annotations
+
+from minipaged.scheduler.continuous import ContinuousScheduler
+from minipaged.scheduler.plan import Group, ScheduledSeq, StepPlan
+
+DEFAULT_CHUNKED_BUDGET = 256  # tokens per step on a CPU: a SmolLM2 step of 256 tokens takes ~0.4 s on 2 cores
+
+
+class ChunkedPrefillScheduler(ContinuousScheduler):
+    name = "continuous"
+    chunked_prefill = True
+
+    def __init__(self, policy, *, max_num_seqs: int = 64, max_num_batched_tokens: int | None = None, **options):
+        budget = DEFAULT_CHUNKED_BUDGET if max_num_batched_tokens is None else max_num_batched_tokens
+        if isinstance(budget, bool) or not isinstance(budget, int) or budget < max_num_seqs:
+            raise ValueError(f"max_num_batched_tokens={budget!r} must be an integer >= max_num_seqs={max_num_seqs} "
+                             "with chunked prefill, so that every running sequence's next token fits in a step")
+        super().__init__(policy, max_num_seqs=max_num_seqs, max_num_batched_tokens=budget, **options)
+
+    def _left(self, plan: StepPlan) -> int:
+        return self.max_num_batched_tokens - plan.num_tokens
+
+    def _chunks(self, group: Group, budget: int) -> list[tuple[int, int]]:
+        """(seq_id, tokens to compute now) for the group's sequences that get any: all the uncached
+        tokens they have, while ``budget`` lasts."""
+        chunks = []
+        for seq in group.seqs:
+            take = min(seq.num_tokens - self.policy.num_tokens(seq.seq_id), budget)
+            if take > 0:
+                chunks.append((seq.seq_id, take))
+                budget -= take
+        return chunks
+
+    def _plan(self, group: Group, plan: StepPlan) -> None:
+        """Slots for the group's next chunk (the caller has checked that it fits)."""
+        seqs = {s.seq_id: s for s in group.seqs}
+        for seq_id, n in self._chunks(group, self._left(plan)):
+            cached = self.policy.num_tokens(seq_id)
+            plan.work.append(ScheduledSeq(seqs[seq_id], cached, self.policy.append_slots(seq_id, n)))
+
+    def _decoding(self, group: Group) -> bool:
+        return all(s.num_tokens - self.policy.num_tokens(s.seq_id) == 1 for s in group.seqs)
+
+    def _schedule_running(self, plan: StepPlan) -> None:
+        # 1. decodes, oldest first; when the pool is dry the newest request goes, as in chapter 06. The
+        # newest sits at or after i, so it has not been planned yet.
+        i = 0
+        while i < len(self.running):
+            group = self.running[i]
+            if not self._decoding(group):
+                i += 1
+            elif self.policy.can_append_all(self._appends(group)):
+                super()._plan(group, plan)  # one token each, whatever the budget says
+                i += 1
+            else:
+                self._preempt(self.running.pop(), plan)
+        # 2. prompts part-way through their prefill, oldest first, with what the budget has left
+        i = 0
+        while i < len(self.running) and self._left(plan) > 0:
+            group = self.running[i]
+            chunks = self._chunks(group, self._left(plan))
+            if not chunks:  # planned in pass 1
+                i += 1
+            elif self.policy.can_append_all(chunks):
+                self._plan(group, plan)
+                i += 1
+            elif plan.work:
+                return  # the chunk waits for memory that the running sequences give back
+            else:  # nothing else runs (so nothing is planned): make room as chapter 06 does
+                self._preempt(self.running.pop(), plan)
+
+    def _swap_in(self, plan: StepPlan) -> None:
+        if self._left(plan) > 0:
+            super()._swap_in(plan)
+
+    def _over_budget(self, group: Group, plan: StepPlan) -> bool:
+        return self._left(plan) <= 0  # any room at all: the prompt starts with a chunk of that size

@@ -114,7 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
                            description="Benchmarks. Each one measures its alternatives side by side.")
     bench_sub = bench.add_subparsers(dest="bench", metavar="BENCHMARK")
     from minipaged.attention import bench_kernels
-    from minipaged.bench import kv_cache, prefix, roofline, serving, sharing
+    from minipaged.bench import chunked, kv_cache, prefix, roofline, serving, sharing, speculative
 
     for name, module, text in [
         ("cache", kv_cache, "chapter 00: decode tokens/s with the KV cache vs full recomputation"),
@@ -124,6 +124,10 @@ def build_parser() -> argparse.ArgumentParser:
                              "generate, same KV memory; recompute vs swap"),
         ("prefix", prefix, "chapter 07: SmolLM2 with the prefix cache off and on: a shared system prompt, "
                            "a conversation"),
+        ("chunked", chunked, "chapter 08: SmolLM2 with whole and chunked prefills: inter-token latency, "
+                             "TTFT, throughput; what a step costs"),
+        ("speculative", speculative, "chapter 09: SmolLM2 with and without prompt-lookup speculation: tokens "
+                                     "per forward pass, speedup, same outputs"),
         ("kernel", bench_kernels, "chapter 10: numba PagedAttention kernels vs reference vs SDPA "
                                   "(needs a GPU; --roofline works without)"),
     ]:

@@ -59,15 +59,33 @@ def _check_scheduling(scheduler, preemption_mode, max_num_batched_tokens, swap_s
     if not enable_chunked_prefill:
         return
     if kv_policy == "per_request":
-        raise ValueError("enable_chunked_prefill=True needs a pooled kv_policy (on_demand, shared, ...): "
+        raise ValueError(f"enable_chunked_prefill=True needs a pooled kv_policy, one of {list(KV_POLICIES[1:])}: "
                          "kv_policy='per_request' runs one sequence at a time, so no decode waits on a prompt")
     if scheduler != "continuous":
         raise ValueError(f"enable_chunked_prefill=True needs scheduler='continuous', not {scheduler!r}")
     budget = DEFAULT_CHUNKED_BUDGET if max_num_batched_tokens is None else max_num_batched_tokens
     if isinstance(max_num_seqs, int) and budget < max_num_seqs:
-        raise ValueError(f"max_num_batched_tokens={budget} must be >= max_num_seqs={max_num_seqs} with chunked "
-                         "prefill (every running sequence's next token must fit in one step); raise it or "
+        given = "" if max_num_batched_tokens is not None else " (the chunked-prefill default)"
+        raise ValueError(f"max_num_batched_tokens={budget}{given} must be >= max_num_seqs={max_num_seqs} with "
+                         "chunked prefill (every running sequence's next token must fit in one step); raise it or "
                          "lower max_num_seqs")
+
+
+def _check_speculation(config, kv_policy, scheduler, enable_chunked_prefill):
+    from minipaged.spec import SpeculativeConfig
+
+    spec = SpeculativeConfig.from_dict(config)
+    if spec is None:
+        return None
+    if kv_policy == "per_request":
+        raise ValueError(f"speculative_config needs a pooled kv_policy, one of {list(KV_POLICIES[1:])}: the "
+                         "drafts' slots come from the pool, and kv_policy='per_request' has none")
+    if scheduler != "continuous":
+        raise ValueError(f"speculative_config needs scheduler='continuous', not {scheduler!r}")
+    if enable_chunked_prefill:
+        raise ValueError("speculative_config together with enable_chunked_prefill=True is not handled yet: "
+                         "turn one of them off")
+    return spec
 
 
 class LLM:
@@ -101,7 +119,8 @@ class LLM:
             CPU swap space and back).
         max_num_batched_tokens: most new tokens in one step. Without chunked prefill, None means no
             limit, and a step with nothing else in it always takes the next prompt whole. With it, the
-            default is 256 and no step ever computes more.
+            default is 256 and no step computes more (but for the decodes of a lone request with more
+            samples than that).
         enable_chunked_prefill: (chapter 08, scheduler="continuous", pooled policies) compute long
             prompts a chunk per step, after the running sequences' decodes, so that a decode never
             waits for more than max_num_batched_tokens tokens of prompt.
@@ -113,6 +132,10 @@ class LLM:
             request is done, so a later prompt that starts the same skips that part of its prefill.
             Needs kv_policy="shared" (blocks must count their holders); the same as
             kv_policy="prefix_caching".
+        speculative_config: (chapter 09, scheduler="continuous", pooled policies) guess the next tokens
+            of each greedy request and check them in the same forward pass, as vLLM's option:
+            {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4,
+            "prompt_lookup_min": 1}. The guesses come from earlier in the sequence itself.
         use_cache: False recomputes every token's K and V at every step (the oracle for caching).
         max_model_len: longest prompt + output allowed (default: the model's context length).
         device: torch device for the model.
@@ -125,7 +148,7 @@ class LLM:
                  progress: bool = True, scheduler: str = "continuous", preemption_mode: str = "recompute",
                  max_num_batched_tokens: int | None = None, swap_space_tokens: int | None = None,
                  watermark: float = 0.01, enable_prefix_caching: bool = False,
-                 enable_chunked_prefill: bool = False):
+                 enable_chunked_prefill: bool = False, speculative_config: dict | None = None):
         if kv_policy not in KV_POLICIES:
             raise ValueError(f"kv_policy={kv_policy!r} is not known; choose one of {list(KV_POLICIES)}")
         if not isinstance(enable_prefix_caching, bool):
@@ -137,6 +160,7 @@ class LLM:
             kv_policy = "prefix_caching"
         _check_scheduling(scheduler, preemption_mode, max_num_batched_tokens, swap_space_tokens,
                           enable_chunked_prefill, kv_policy, max_num_seqs)
+        spec = _check_speculation(speculative_config, kv_policy, scheduler, enable_chunked_prefill)
         loaded = load_model(model, dtype=dtype, seed=seed, progress=progress, device=device)
         self.model, self.tokenizer, self.config = loaded.model, loaded.tokenizer, loaded.config
         if max_model_len is not None and not 1 < max_model_len <= self.config.max_model_len:
@@ -164,7 +188,8 @@ class LLM:
                                       preemption_mode=preemption_mode,
                                       max_num_batched_tokens=max_num_batched_tokens,
                                       swap_space_tokens=swap_space_tokens,
-                                      enable_chunked_prefill=enable_chunked_prefill)
+                                      enable_chunked_prefill=enable_chunked_prefill,
+                                      speculative_config=spec)
         self._request_ids = itertools.count()
         self._seq_ids = itertools.count()
 

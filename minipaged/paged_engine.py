@@ -31,7 +31,7 @@ can report the engine's own bookkeeping (everything but the forward pass) as a f
 Prefix caching (chapter 07, kv/prefix_cache.py) needs one thing from the engine: after each forward
 pass it tells the policy which tokens' K/V it wrote (``commit_tokens``), so full blocks can be
 found again by later requests. The scheduler admits with token ids, and the cached part of a prompt
-is simply "already cached": the forward pass computes ``all_ids[cached:]`` as for any sequence.
+is simply "already cached": the forward pass computes the tokens after ``cached`` as for any sequence.
 
 If a run is interrupted (an error in a forward pass, a KeyboardInterrupt), ``abort_all`` gives every
 sequence's blocks back before the exception goes on, so the pool is whole again for the next call.
@@ -56,13 +56,14 @@ from minipaged.kv.paged_cache import PagedBatch, PagedKVCache, SwapKVCache, copy
 from minipaged.kv.swap import SwapSpace
 from minipaged.scheduler import make_scheduler
 from minipaged.sequence import Sequence
+from minipaged.spec.verify import verify
 
 
 class PagedEngine:
     def __init__(self, model, tokenizer, policy, attention_backend: str = "torch", max_num_seqs: int = 64,
                  scheduler: str = "continuous", preemption_mode: str = "recompute",
                  max_num_batched_tokens: int | None = None, swap_space_tokens: int = 0,
-                 enable_chunked_prefill: bool = False):
+                 enable_chunked_prefill: bool = False, speculative_config=None):
         cfg = model.config
         self.model, self.tokenizer, self.policy = model, tokenizer, policy
         self.cache = PagedKVCache(cfg, policy.num_blocks, policy.block_size, model.dtype, model.device)
@@ -72,7 +73,7 @@ class PagedEngine:
                       "refused": 0, "max_running": 0, "usage": [], "forks": 0, "block_copies": 0,
                       "blocks_physical": [], "blocks_logical": [], "batch_sizes": [], "kv_occupied": [],
                       "step_seconds": [], "forward_seconds": [], "swap_seconds": 0.0, "step_tokens": [],
-                      "step_decodes": []}
+                      "step_decodes": [], "spec_accepted_tokens": 0}
         if preemption_mode == "swap" and not hasattr(policy, "detach"):
             raise ValueError(f"preemption_mode='swap' needs a block-table policy (block_table, on_demand, shared); "
                              f"{policy.label} reserves each request's memory up front and never preempts")
@@ -83,13 +84,15 @@ class PagedEngine:
         self.scheduler_name, self.preemption_mode = scheduler, preemption_mode
         self.max_num_batched_tokens = max_num_batched_tokens
         self.enable_chunked_prefill = enable_chunked_prefill
+        self.speculative_config = speculative_config
         self.scheduler = self._new_scheduler()
 
     def _new_scheduler(self):
         return make_scheduler(self.scheduler_name, self.policy, max_num_seqs=self.max_num_seqs,
                               max_num_batched_tokens=self.max_num_batched_tokens,
                               preemption_mode=self.preemption_mode, swap_space=self.swap_space, stats=self.stats,
-                              enable_chunked_prefill=self.enable_chunked_prefill)
+                              enable_chunked_prefill=self.enable_chunked_prefill,
+                              speculative_config=self.speculative_config)
 
     @property
     def kv(self):
@@ -116,10 +119,13 @@ class PagedEngine:
 
     # ---- the forward pass ----------------------------------------------------------------------
 
-    def forward(self, work) -> torch.Tensor:
+    def forward(self, work, drafts: dict | None = None) -> torch.Tensor:
         """One forward pass. work: [(seq_id, token ids to compute, tokens already cached, their
         slots)] whose slots the policy has just handed out. Returns logits [len(work), V] of each
-        entry's last token."""
+        entry's last token. drafts (chapter 09): {seq_id: d} for entries whose last d tokens are
+        guesses; those get d + 1 rows (the token before the guesses, then each guess), and their
+        guesses are not committed, since they may be wrong."""
+        drafts = drafts or {}
         self.copy_blocks(self.policy.drain_copies())  # before any new K/V lands in a copied block
         tokens, positions, slots, tables, context_lens, query_lens = [], [], [], [], [], []
         for seq_id, new_tokens, cached, new_slots in work:
@@ -131,7 +137,9 @@ class PagedEngine:
             query_lens.append(len(new_tokens))
         device = self.model.device
         batch = PagedBatch(self.cache, slots, tables, context_lens, query_lens, self.backend)
-        last_rows = torch.tensor(query_lens).cumsum(0) - 1  # each sequence's newest token
+        ends = torch.tensor(query_lens).cumsum(0)
+        last_rows = torch.cat([torch.arange(end - 1 - drafts.get(seq_id, 0), end)  # each entry's newest token(s)
+                               for end, (seq_id, *_) in zip(ends.tolist(), work)])
         start = time.perf_counter()
         logits = self.model(torch.tensor(tokens, device=device), torch.tensor(positions, device=device),
                             batch, logits_rows=last_rows.to(device))  # [S, V]
@@ -139,12 +147,11 @@ class PagedEngine:
             torch.cuda.synchronize()
         self.stats["forward_seconds"].append(time.perf_counter() - start)
         for seq_id, new_tokens, _, _ in work:  # their K/V is written now (a prefix cache records it)
-            self.policy.commit_tokens(seq_id, new_tokens)
+            self.policy.commit_tokens(seq_id, new_tokens[:len(new_tokens) - drafts.get(seq_id, 0)])
         self.stats["forward_passes"] += 1
         self.stats["tokens_computed"] += len(tokens)
         self.stats["max_running"] = max(self.stats["max_running"], len(work))
         self.stats["batch_sizes"].append(len(work))
-        self.stats["step_tokens"].append(len(tokens))
         usage = self.policy.usage()
         self.stats["usage"].append(usage.utilization)  # tokens / slots held
         self.stats["kv_occupied"].append(usage.occupied / usage.total)  # slots held / the whole pool
@@ -158,7 +165,12 @@ class PagedEngine:
 
     def _sample(self, plan, logits, generators: dict) -> list[Sequence]:
         finished, now = [], time.perf_counter()
-        for work, row in zip(plan.work, logits):
+        rows = iter(logits)
+        for work in plan.work:
+            if work.draft:  # chapter 09: check the guesses, keep what the model agrees with
+                self._verify(work, [next(rows) for _ in range(len(work.draft) + 1)], generators, now, finished)
+                continue
+            row = next(rows)
             if not work.completes:  # a prompt chunk with more to come (chapter 08): nothing to sample yet
                 continue
             seq = work.seq
@@ -173,6 +185,26 @@ class PagedEngine:
                     finished.append(s)
         return finished
 
+    def _verify(self, work, rows, generators: dict, now: float, finished: list) -> None:
+        """Emit the model's own tokens row by row while they equal the draft (spec/verify.py), then
+        forget the K/V of the guesses that were wrong and commit the right ones."""
+        seq, before = work.seq, work.seq.num_tokens
+
+        def emit(j):
+            next_token(seq, rows[j], generators[seq.seq_id], self.tokenizer)
+            seq.token_times.append(now)
+            return seq.output_ids[-1], seq.finished
+
+        emitted = verify(work.draft, emit)
+        accepted = work.draft[:emitted - 1]  # the guesses that were right; their K/V is valid
+        self.policy.truncate(seq.seq_id, before + len(accepted))
+        self.policy.commit_tokens(seq.seq_id, accepted)
+        self.stats["spec_accepted_tokens"] += len(accepted)
+        if seq.finished:
+            seq.finished_time = now
+            self.scheduler.finish(seq)
+            finished.append(seq)
+
     def step(self, generators: dict) -> list[Sequence]:
         """One engine step; returns the sequences that finished (or were refused) during it."""
         start = time.perf_counter()
@@ -181,9 +213,10 @@ class PagedEngine:
         if not plan.work:
             return finished
         self.swap_blocks(plan.swap_out, plan.swap_in)
+        self.stats["step_tokens"].append(plan.num_tokens)  # both per engine step (beam search has its own loop)
         self.stats["step_decodes"].append(plan.num_decodes)
-        logits = self.forward([(w.seq.seq_id, w.seq.all_ids[w.cached:w.cached + w.num_new], w.cached, w.slots)
-                               for w in plan.work])
+        logits = self.forward([(w.seq.seq_id, w.tokens, w.cached, w.slots) for w in plan.work],
+                              drafts={w.seq.seq_id: len(w.draft) for w in plan.work if w.draft})
         finished += self._sample(plan, logits, generators)
         self.stats["steps"] += 1
         self.stats["step_seconds"].append(time.perf_counter() - start)

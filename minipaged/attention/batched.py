@@ -14,8 +14,10 @@ does the same math with a handful of batched tensor operations:
     4. read the real query rows back out: [T, H, Dh].
 
 Same signature as the reference (see reference.py), selected with ``backend="torch_batched"``. The
-padding costs memory (S x H x max_q x C scores): fine for decode and modest prefills, wasteful when one
-long prompt shares a batch with many short sequences. The math runs in fp32, like the reference;
+padding costs work and memory (S x H x max_q x C scores), so a batch with prompts in it (several
+query tokens) runs the decodes in one such call and each prompt in a call of its own: otherwise every
+decode would be padded to the longest prompt, the common case once chapter 08 chunks prompts into
+every step, and every prompt to the longest one. The math runs in fp32, like the reference;
 the sums are grouped differently, so results agree to rounding, not bit for bit.
 
 Not handled: sliding windows, ALiBi, soft-capping.
@@ -28,6 +30,24 @@ import torch.nn.functional as F
 
 
 def paged_attention_batched(q, k_cache, v_cache, block_tables, context_lens, *, scale=None, query_lens=None):
+    if query_lens is not None and int(query_lens.max()) > 1 and len(query_lens) > 1:
+        # prompts beside decodes or other prompts (chapter 08 mixes them at every step): the decodes
+        # in one batched call, each prompt on its own, so that nothing is padded to a prompt's length
+        qlen = query_lens.to(torch.long).cpu()
+        rows = torch.repeat_interleave(torch.arange(len(qlen)), qlen).to(q.device)  # [T]: whose query row
+        single = qlen == 1
+        parts = ([single] if bool(single.any()) else []) + [torch.arange(len(qlen)) == i
+                                                             for i in torch.nonzero(~single).flatten().tolist()]
+        out = torch.empty_like(q)
+        for part in parts:
+            part_rows = part.to(q.device)[rows]
+            out[part_rows] = _batched(q[part_rows], k_cache, v_cache, block_tables[part.to(block_tables.device)],
+                                      context_lens[part.to(context_lens.device)], scale, qlen[part])
+        return out
+    return _batched(q, k_cache, v_cache, block_tables, context_lens, scale, query_lens)
+
+
+def _batched(q, k_cache, v_cache, block_tables, context_lens, scale, query_lens):
     num_seqs = block_tables.shape[0]
     num_tokens, num_heads, head_dim = q.shape
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]

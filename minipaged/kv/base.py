@@ -19,6 +19,8 @@ slots. The engine and the trace simulator drive every policy through the same ca
                                             except under copy-on-write, chapter 05's kv/shared.py)
     commit_tokens(seq_id, token_ids)        the engine has written these tokens' K/V (only the prefix
                                             cache, chapter 07's kv/prefix_cache.py, listens)
+    truncate(seq_id, num_tokens)            forget the tokens from num_tokens on (chapter 09: rejected
+                                            draft tokens); blocks taken for them go back
 
 A slot is ``block * block_size + offset``. The prompt is written like any other tokens: the engine
 calls ``append_slots(seq_id, prompt_len)`` for its prefill, then ``append_slots(seq_id, 1)`` per step.
@@ -290,6 +292,20 @@ class KVPolicy:
     def commit_tokens(self, seq_id, token_ids) -> None:
         """The engine has written the K/V of these next tokens of the sequence. Only a prefix cache
         (chapter 07) needs to know which tokens they were."""
+
+    def truncate(self, seq_id, num_tokens: int) -> None:
+        """Forget the sequence's tokens from ``num_tokens`` on, as if they had never been appended
+        (chapter 09: the slots of rejected draft tokens). A policy that takes blocks as tokens come
+        gives back the blocks past the new end (``_shrink``); a reserving one keeps its reservation."""
+        state = self._state(seq_id)
+        if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or not 0 <= num_tokens <= state.num_tokens:
+            raise ValueError(f"num_tokens={num_tokens!r} must be an integer in [0, {state.num_tokens}] "
+                             f"(seq {seq_id!r} has {state.num_tokens} tokens)")
+        state.num_tokens = num_tokens
+        self._shrink(seq_id, state)
+
+    def _shrink(self, seq_id, state: SequenceState) -> None:
+        """Hook: let go of memory past the sequence's (new, shorter) end."""
 
     def free(self, seq_id) -> None:
         """Give back everything the sequence holds. It may be allocated again later (preemption)."""

@@ -57,6 +57,15 @@ class OnDemandPolicy(BlockTablePolicy):
                                f"{self.pool.num_free} free")
         table.blocks.extend(self.pool.take(num_blocks))
 
+    def _shrink(self, seq_id, table: BlockTable) -> None:
+        """After ``truncate``: keep the blocks the tokens (and the prompt) need, give back the rest,
+        last block first (chapter 09's rejected draft tokens)."""
+        keep = max(blocks_for(table.num_tokens, self.block_size), blocks_for(table.prompt_len, self.block_size))
+        extra = table.blocks[keep:]
+        if extra:
+            del table.blocks[keep:]
+            self.pool.release(extra[::-1])
+
     def _check_table(self, seq_id, table: BlockTable) -> None:
         super()._check_table(seq_id, table)
         needed = max(blocks_for(table.num_tokens, self.block_size), blocks_for(table.prompt_len,

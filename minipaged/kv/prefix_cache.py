@@ -51,8 +51,8 @@ differently, as in every other chapter.
 
 Not handled: multi-modal or LoRA salts in the key, caching across processes, admission that favours
 requests with long hits (vLLM admits in arrival order too), beam search asking the cache at
-admission (its blocks do enter the cache). Chunked prefill (chapter 08) will have to promise only the
-blocks that the step's chunk writes.
+admission (its blocks do enter the cache). With chunked prefill (chapter 08) a prompt's slots come a
+chunk per step, and so do its promises: only the full blocks that the step's chunks write.
 """
 
 from __future__ import annotations
@@ -317,6 +317,16 @@ class PrefixCachingPolicy(SharedPolicy):
             raise ValueError(f"{self.name!r} can only take back a PrefixTable, got {type(table).__name__}")
         table.registered = 0
         super().attach(seq_id, table)
+
+    def truncate(self, seq_id, num_tokens: int) -> None:
+        """Only tokens not yet written may be forgotten (chapter 09's rejected drafts): a written or
+        promised block may already be someone else's cache hit."""
+        table = self._state(seq_id)
+        if isinstance(num_tokens, int) and num_tokens < max(len(table.token_ids), table.registered * self.block_size):
+            raise ValueError(f"seq {seq_id!r}: num_tokens={num_tokens} would forget written or promised tokens "
+                             f"({len(table.token_ids)} written, {table.registered} blocks in the cache); only "
+                             "tokens planned after them can be truncated")
+        super().truncate(seq_id, num_tokens)
 
     def detach(self, seq_id) -> BlockTable:
         table = self._state(seq_id)

@@ -10,11 +10,17 @@
     plot_serving_timeline(t)         running batch and KV memory held over time, per system (chapter 06)
     plot_prefix_sweep(rows, ideal)   prefix-cache hit rate and compute saved against KV capacity (chapter 07)
     plot_turns(turns)                prompt tokens computed and TTFT per turn of a conversation (chapter 07)
+    plot_step_tokens(rows, budget)   decode and prompt tokens per step, whole vs chunked (chapter 08)
+    plot_budget_sweep(rows)          inter-token latency and TTFT against the chunk budget (chapter 08)
+    plot_itl_cdf(systems)            measured inter-token gaps per system (chapter 08)
+    plot_step_cost(points, fit)      forward-pass time against tokens in the step (chapter 08)
+    plot_spec_speedup(result)        tokens per pass and speedup with speculation, per k (chapter 09)
 
 Each returns a matplotlib Figure (created without pyplot, so nothing global changes) and saves a PNG
 when given ``path``.
 """
 
+from minipaged.plots.chunked import plot_budget_sweep, plot_itl_cdf, plot_step_cost, plot_step_tokens
 from minipaged.plots.memory_map import plot_memory_map
 from minipaged.plots.prefix import plot_prefix_sweep, plot_turns
 from minipaged.plots.serving import plot_serving_timeline
@@ -24,9 +30,11 @@ from minipaged.plots.sharing import (
     plot_memory_saved,
     plot_refcount_map,
 )
+from minipaged.plots.spec import plot_spec_speedup
 from minipaged.plots.sweep import plot_block_size_sweep
 from minipaged.plots.waste import plot_waste_breakdown
 
 __all__ = ["plot_memory_map", "plot_waste_breakdown", "plot_block_size_sweep", "plot_block_sharing",
            "plot_memory_saved", "plot_blocks_over_time", "plot_refcount_map", "plot_serving_timeline",
-           "plot_prefix_sweep", "plot_turns"]
+           "plot_prefix_sweep", "plot_turns", "plot_step_tokens", "plot_budget_sweep", "plot_itl_cdf",
+           "plot_step_cost", "plot_spec_speedup"]

@@ -5,6 +5,9 @@
     make_scheduler("continuous", policy, enable_chunked_prefill=True, ...)
                                                 chunked.py     (chapter 08) long prompts a chunk per step,
                                                                beside the decodes, within a token budget
+    make_scheduler("continuous", policy, speculative_config=SpeculativeConfig(...), ...)
+                                                speculative.py (chapter 09) drafts of guessed tokens for the
+                                                               decoding sequences, checked by the engine
 
 Both plan one engine step at a time (``schedule() -> StepPlan``, plan.py) over the same KV policy,
 and both preempt by recompute or by swap (kv/swap.py). The engine (paged_engine.py) only executes
@@ -15,23 +18,30 @@ Like the KV policies, the schedulers are plain Python: they can be tested withou
 from minipaged.scheduler.chunked import DEFAULT_CHUNKED_BUDGET, ChunkedPrefillScheduler
 from minipaged.scheduler.continuous import PREEMPTION_MODES, ContinuousScheduler
 from minipaged.scheduler.plan import Group, ScheduledSeq, StepPlan
+from minipaged.scheduler.speculative import SpeculativeScheduler
 from minipaged.scheduler.static import StaticScheduler
 
 SCHEDULERS = ("continuous", "static")
 
 
-def make_scheduler(name: str, policy, enable_chunked_prefill: bool = False, **options):
+def make_scheduler(name: str, policy, enable_chunked_prefill: bool = False, speculative_config=None, **options):
     if name not in SCHEDULERS:
         raise ValueError(f"scheduler={name!r} is not known; choose one of {list(SCHEDULERS)}")
     if not isinstance(enable_chunked_prefill, bool):
         raise ValueError(f"enable_chunked_prefill must be True or False, got {enable_chunked_prefill!r}")
+    if speculative_config is not None:
+        if name != "continuous" or enable_chunked_prefill:
+            raise ValueError("speculative_config needs scheduler='continuous' without enable_chunked_prefill "
+                             f"(got scheduler={name!r}, enable_chunked_prefill={enable_chunked_prefill})")
+        return SpeculativeScheduler(policy, speculative_config=speculative_config, **options)
     if enable_chunked_prefill:
         if name != "continuous":
-            raise ValueError(f"enable_chunked_prefill=True needs scheduler='continuous', not {name!r}: a static "
-                             "batch admits nobody while it decodes, so there is nothing to interleave chunks with")
+            raise ValueError(f"enable_chunked_prefill=True needs scheduler='continuous', not {name!r}: chunks "
+                             "are built on the continuous scheduler (scheduler/chunked.py)")
         return ChunkedPrefillScheduler(policy, **options)
     return (ContinuousScheduler if name == "continuous" else StaticScheduler)(policy, **options)
 
 
 __all__ = ["SCHEDULERS", "PREEMPTION_MODES", "DEFAULT_CHUNKED_BUDGET", "make_scheduler", "ContinuousScheduler",
-           "StaticScheduler", "ChunkedPrefillScheduler", "Group", "ScheduledSeq", "StepPlan"]
+           "StaticScheduler", "ChunkedPrefillScheduler", "SpeculativeScheduler", "Group", "ScheduledSeq",
+           "StepPlan"]

@@ -14,18 +14,22 @@ stopped. Here the slice is a token budget per step, ``max_num_batched_tokens``:
     3. then swapped-out requests and new ones, as in chapter 06, while the budget has room. A new
        prompt takes what is left of the budget, and its next chunk comes in the next step.
 
-So no step computes more than the budget, and a decoding request's next token never waits for more
-than one budget's worth of prompt. The price: a long prompt's first token comes a few steps later,
-and each step pays the fixed cost of reading the weights once more.
+So no step computes more than the budget (but for the decodes of a lone request with more samples
+than that), and a decoding request's next token never waits for more than one budget's worth of
+prompt. The price: a long prompt's first token may come a few steps later, and each extra step pays
+the fixed cost of reading the weights once more.
+
+At most one prompt is part-way through its prefill at a time: a new prompt is admitted only with
+budget left over after the running prompt's chunk, which means that prompt has just finished.
 
 The K/V of a chunk is written like any other tokens' (its queries attend to everything cached before
 them plus themselves, causally), so the math is the same as one big prefill. The prompt's blocks are
 all allocated at admission, as before; only their slots are handed out chunk by chunk. With a prefix
 cache (chapter 07) a block is promised when the chunk that fills it has its slots, no earlier.
 
-Not handled: a limit on how many prompts are partly prefilled at once (vLLM's
+Not handled: several prompts part-way at once, sharing the budget (vLLM's
 ``max_num_partial_prefills``), chunking beam search's prompts (it drives the engine itself), and
-static batching (chunks only make sense when requests decode while others are admitted).
+static batching (chapter 06's baseline stays as it was).
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from __future__ import annotations
 from minipaged.scheduler.continuous import ContinuousScheduler
 from minipaged.scheduler.plan import Group, ScheduledSeq, StepPlan
 
-DEFAULT_CHUNKED_BUDGET = 256  # tokens per step on a CPU: a SmolLM2 step of 256 tokens takes ~0.4 s on 2 cores
+DEFAULT_CHUNKED_BUDGET = 256  # tokens per step on a CPU: about 0.6 s for SmolLM2 on 2 cores (bench chunked's fit)
 
 
 class ChunkedPrefillScheduler(ContinuousScheduler):
@@ -43,8 +47,10 @@ class ChunkedPrefillScheduler(ContinuousScheduler):
     def __init__(self, policy, *, max_num_seqs: int = 64, max_num_batched_tokens: int | None = None, **options):
         budget = DEFAULT_CHUNKED_BUDGET if max_num_batched_tokens is None else max_num_batched_tokens
         if isinstance(budget, bool) or not isinstance(budget, int) or budget < max_num_seqs:
-            raise ValueError(f"max_num_batched_tokens={budget!r} must be an integer >= max_num_seqs={max_num_seqs} "
-                             "with chunked prefill, so that every running sequence's next token fits in a step")
+            given = "" if max_num_batched_tokens is not None else " (the chunked-prefill default)"
+            raise ValueError(f"max_num_batched_tokens={budget!r}{given} must be an integer >= max_num_seqs="
+                             f"{max_num_seqs} with chunked prefill, so that every running sequence's next token "
+                             "fits in a step")
         super().__init__(policy, max_num_seqs=max_num_seqs, max_num_batched_tokens=budget, **options)
 
     def _left(self, plan: StepPlan) -> int:
@@ -72,6 +78,7 @@ class ChunkedPrefillScheduler(ContinuousScheduler):
         return all(s.num_tokens - self.policy.num_tokens(s.seq_id) == 1 for s in group.seqs)
 
     def _schedule_running(self, plan: StepPlan) -> None:
+        self._chunk_waits = False  # a chunk waiting for memory holds back swap-ins and admissions
         # 1. decodes, oldest first; when the pool is dry the newest request goes, as in chapter 06. The
         # newest sits at or after i, so it has not been planned yet.
         i = 0
@@ -95,13 +102,15 @@ class ChunkedPrefillScheduler(ContinuousScheduler):
                 self._plan(group, plan)
                 i += 1
             elif plan.work:
-                return  # the chunk waits for memory that the running sequences give back
+                self._chunk_waits = True  # for memory that the running sequences give back
+                return
             else:  # nothing else runs (so nothing is planned): make room as chapter 06 does
                 self._preempt(self.running.pop(), plan)
 
     def _swap_in(self, plan: StepPlan) -> None:
-        if self._left(plan) > 0:
+        if self._left(plan) > 0 and not self._chunk_waits:
             super()._swap_in(plan)
 
     def _over_budget(self, group: Group, plan: StepPlan) -> bool:
-        return self._left(plan) <= 0  # any room at all: the prompt starts with a chunk of that size
+        # any room at all: the prompt starts with a chunk of that size
+        return self._left(plan) <= 0 or self._chunk_waits

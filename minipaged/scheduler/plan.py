@@ -10,9 +10,11 @@ A ``StepPlan`` is everything the engine must do in one step, in order:
 
     1. the block copies for swapping: device -> CPU (``swap_out``), then CPU -> device (``swap_in``);
     2. one forward pass over ``work``: for each scheduled sequence, the next tokens of it that have
-       no K/V yet (``seq.all_ids[cached:cached + num_new]``: all of them, unless chapter 08's
-       scheduler cut a prompt into chunks) and the slots their K/V goes to;
-    3. sampling one token for each sequence whose tokens are now all computed (``completes``).
+       no K/V yet (``seq.all_ids[cached:cached + num_own]``: all of them, unless chapter 08's
+       scheduler cut a prompt into chunks), then its ``draft`` if chapter 09 guessed one, and the
+       slots their K/V goes to;
+    3. sampling one token for each sequence whose tokens are now all computed (``completes``), or,
+       with a draft, checking the guesses and keeping the ones the model agrees with.
 
 ``refused`` are the requests that were dropped this step because they could never fit.
 """
@@ -43,22 +45,33 @@ class Group:
 class ScheduledSeq:
     seq: Sequence
     cached: int  # tokens whose K/V is in the cache already
-    slots: list[int]  # where the K/V of seq.all_ids[cached:] goes
+    slots: list[int]  # where the K/V of the step's tokens goes (``tokens``: its own, then the draft)
+    draft: list[int] = field(default_factory=list)  # guessed next tokens to verify (chapter 09)
 
     @property
     def num_new(self) -> int:
+        """Tokens the step computes for this sequence, draft tokens included."""
         return len(self.slots)
+
+    @property
+    def num_own(self) -> int:
+        """The sequence's own uncached tokens the step computes (not the guesses)."""
+        return len(self.slots) - len(self.draft)
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.seq.all_ids[self.cached:self.cached + self.num_own] + self.draft
 
     @property
     def completes(self) -> bool:
         """Whether this step computes the sequence's last uncached token, so it samples a token
         (false for a prompt chunk that is not the last, chapter 08)."""
-        return self.cached + self.num_new == self.seq.num_tokens
+        return self.cached + self.num_own == self.seq.num_tokens
 
     @property
     def is_prefill(self) -> bool:
         """Prompt work (or a recomputed sequence's): more than one token, no output yet, or a chunk."""
-        return self.num_new > 1 or not self.seq.output_ids or not self.completes
+        return self.num_own > 1 or not self.seq.output_ids or not self.completes
 
 
 @dataclass

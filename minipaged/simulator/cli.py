@@ -5,6 +5,7 @@
     python -m minipaged.simulator --sweep-block-size           on_demand utilization, blocks 1..256
     python -m minipaged.simulator --sharing                    memory saved by copy-on-write sharing (ch05)
     python -m minipaged.simulator --prefix                     prefill saved by the prefix cache (ch07)
+    python -m minipaged.simulator --chunked                    inter-token latency with chunked prefill (ch08)
 
 ``register(subparsers)`` adds the same command as ``simulate`` to another argparse program; the
 parsed arguments carry ``func``, which runs it and returns the exit code.
@@ -86,6 +87,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(minipaged/simulator/prefix.py; its own trace, --num-requests and --seed apply)")
     parser.add_argument("--capacities", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384, 32768],
                         help="with --prefix: KV capacities in token slots; default %(default)s")
+    parser.add_argument("--chunked", action="store_true",
+                        help="chapter 08 instead: inter-token latency with whole and chunked prefills on a trace of "
+                             "chat requests and long documents, in cost units (minipaged/simulator/chunked.py; "
+                             "--num-requests and --seed apply)")
+    parser.add_argument("--budgets", type=int, nargs="+", default=None,
+                        help="with --chunked: max_num_batched_tokens values; default 2048 1024 512 256 128 64")
+    parser.add_argument("--step-overhead", type=float, default=None,
+                        help="with --chunked: what every step costs besides its tokens, in tokens' worth; "
+                             "default 55, what python -m minipaged bench chunked measured on a 2-core CPU")
     parser.add_argument("--plot-dir", default=None,
                         help="also save PNG figures there: waste breakdown per policy, a memory map per "
                              "policy (its first 2000 steps), and the sweep if asked (needs matplotlib)")
@@ -125,6 +135,8 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"--arrival-rate must be > 0 (or inf), got {args.arrival_rate}")
     if getattr(args, "prefix", False):
         return run_prefix(args)
+    if getattr(args, "chunked", False):
+        return run_chunked(args)
     if getattr(args, "sharing", False):
         if any(n < 1 for n in args.samples + args.beam_widths):
             raise SystemExit("--samples and --beam-widths must be >= 1")
@@ -203,6 +215,41 @@ def run_prefix(args: argparse.Namespace) -> int:
         path = os.path.join(args.plot_dir, "prefix_capacity_sweep.png")
         plot_prefix_sweep(rows, ideal, path=path)
         print(f"\nsaved {path}")
+    return 0
+
+
+def run_chunked(args: argparse.Namespace) -> int:
+    from minipaged.simulator import chunked
+
+    d = chunked.DEFAULTS
+    budgets = args.budgets or d["budgets"]
+    overhead = d["step_overhead"] if args.step_overhead is None else args.step_overhead
+    if any(b < d["max_num_seqs"] for b in budgets):
+        raise SystemExit(f"--budgets must each be at least max_num_seqs={d['max_num_seqs']}")
+    if not overhead >= 0 or overhead == float("inf"):
+        raise SystemExit(f"--step-overhead must be a finite number >= 0, got {overhead}")
+    requests = chunked.make_chunked_workload(args.num_requests or d["num_requests"], d["long_every"], d["long_len"],
+                                             d["short_len"], d["output_len"], seed=args.seed)
+    rows = chunked.simulate_chunked(requests, budgets, step_overhead=overhead, max_num_seqs=d["max_num_seqs"],
+                                    capacity=d["capacity"], block_size=d["block_size"],
+                                    max_model_len=d["max_model_len"], progress=not args.json)
+    if args.json:
+        print(json.dumps({"config": {**d, "num_requests": len(requests), "seed": args.seed, "budgets": budgets,
+                                     "step_overhead": overhead}, "rows": rows}, indent=2))
+    else:
+        num_long = sum(1 for r in requests if r.prompt_len >= d["long_len"][0])
+        print(f"{len(requests)} requests arriving at once: {num_long} documents of {d['long_len'][0]}-"
+              f"{d['long_len'][1]} tokens among chat prompts of {d['short_len'][0]}-{d['short_len'][1]}; "
+              f"outputs {d['output_len'][0]}-{d['output_len'][1]} tokens; max_num_seqs {d['max_num_seqs']}\n")
+        print(chunked.format_rows(rows, overhead))
+    if args.plot_dir:
+        from minipaged.plots import plot_budget_sweep, plot_step_tokens
+
+        os.makedirs(args.plot_dir, exist_ok=True)
+        paths = [os.path.join(args.plot_dir, name) for name in ("chunked_steps.png", "chunked_budget_sweep.png")]
+        plot_step_tokens(rows, 256 if 256 in budgets else budgets[-1], path=paths[0])
+        plot_budget_sweep(rows, path=paths[1])
+        print("\nsaved " + ", ".join(paths))
     return 0
 
 

@@ -96,6 +96,24 @@ def test_chunks_under_memory_pressure_keep_the_tokens(whole, policy, mode):
     assert_clean(llm)
 
 
+def test_a_chunk_promises_only_the_blocks_it_fills():
+    """The policy alone: after a chunk of 5 tokens (blocks of 4), one block is findable; after the
+    next chunk, the blocks that chunk filled too."""
+    from minipaged.kv import PrefixCachingPolicy
+
+    policy = PrefixCachingPolicy(256, block_size=4, watermark=0.0)
+    prompt = LONG[:30]
+    policy.allocate("doc", len(prompt), 8, token_ids=prompt)
+    policy.append_slots("doc", 5)
+    assert policy.cached_prefix_tokens(prompt) == 4
+    policy.commit_tokens("doc", prompt[:5])
+    policy.append_slots("doc", 11)
+    assert policy.cached_prefix_tokens(prompt) == 16
+    policy.commit_tokens("doc", prompt[5:16])
+    policy.append_slots("doc", 14)
+    assert policy.cached_prefix_tokens(prompt) == 28  # 29 tokens at most: the last one is always computed
+
+
 def test_with_the_prefix_cache_chunks_promise_only_what_they_write():
     """A prompt computed in chunks shares its blocks with a later prompt that starts the same, and
     the later one hits only blocks that earlier chunks have written or are writing."""
@@ -118,6 +136,9 @@ def test_parallel_samples_fork_after_the_last_chunk():
     llm = make(True, 8, kv_policy="shared")
     outs = llm.generate([LONG, PROMPTS[0]], params, use_tqdm=False)
     assert tokens(outs) == ref and llm.engine.stats["forks"] == 4
+    # each prompt computed once, by its first sample, then 11 decodes for each of the 3 samples: a fork
+    # before the last chunk would have had the children compute the prompt again
+    assert llm.engine.stats["tokens_computed"] == len(LONG) + len(PROMPTS[0]) + 2 * 3 * 11
     assert_clean(llm)
 
 
@@ -159,4 +180,23 @@ def test_a_bad_request_among_chunked_ones_is_refused_and_the_others_go_on(whole)
     outs = llm.generate([PROMPTS[0], too_long, PROMPTS[1]], GREEDY, use_tqdm=False)
     assert outs[1].outputs[0].finish_reason == "abort"
     assert [outs[0].outputs[0].token_ids, outs[2].outputs[0].token_ids] == [whole[0][0], whole[1][0]]
+    assert_clean(llm)
+
+
+@pytest.mark.slow
+def test_smollm2_answers_the_same_with_its_prompts_in_chunks(real_llm):
+    """The real model: a long chat prompt computed in chunks of at most 32 tokens, beside short ones,
+    gives the per-request engine's greedy answers."""
+    document = " ".join(f"Rule {i}: a borrowed book is due {i + 7} days after checkout." for i in range(20))
+    chats = [[{"role": "user", "content": f"{document}\nWhen is a book under rule 12 due?"}],
+             [{"role": "user", "content": "What is the capital of France?"}],
+             [{"role": "user", "content": "Name a primary colour."}]]
+    params = SamplingParams(temperature=0, max_tokens=24)
+    ref = tokens(real_llm.chat(chats, params, use_tqdm=False))
+    llm = LLM("smollm2-135m", kv_policy="on_demand", enable_chunked_prefill=True, max_num_batched_tokens=32,
+              max_num_seqs=4, attention_backend="torch_batched", progress=False)
+    outs = llm.chat(chats, params, use_tqdm=False)
+    assert len(outs[0].prompt_token_ids) > 300
+    assert tokens(outs) == ref
+    assert max(llm.engine.stats["step_tokens"]) <= 32
     assert_clean(llm)

@@ -1,0 +1,64 @@
+"""Chapter 09: the scheduler side of speculative decoding. Each decoding sequence may bring a draft.
+
+A decode step computes one token per sequence and, on a machine bound by reading the weights,
+costs about what a step of a few more tokens would. So after chapter 06's scheduler has planned the
+step, this one goes back over the sequences that are decoding and, for each, asks the proposer
+(spec/ngram.py) for up to ``num_speculative_tokens`` guesses of what comes next. The guesses get
+slots right after the sequence's own token, so the forward pass computes them in the same step,
+each attending to the tokens before it, exactly as if they had been generated already. The engine
+then checks them (spec/verify.py) and gives back the slots of the wrong ones (``policy.truncate``).
+
+Drafts take memory last, after every decode and admission of the step has its slots, so a guess
+never makes anyone wait or be preempted; where the pool has no room, the draft is shortened or
+dropped. Who gets a draft:
+
+    a sequence that is decoding (one uncached token), alone in its request (parallel samples share
+    blocks and would need their drafts checked together), greedy (temperature 0; see spec/verify.py
+    for what sampling would need), with room left under its max_tokens for more than one token.
+
+Not handled: chunked prefill in the same engine (the draft tokens would have to share the token
+budget), drafts for sampled requests, adapting the draft length to how often guesses are right.
+"""
+
+from __future__ import annotations
+
+from minipaged.scheduler.continuous import ContinuousScheduler
+from minipaged.scheduler.plan import ScheduledSeq, StepPlan
+from minipaged.spec.ngram import propose_ngram
+
+
+class SpeculativeScheduler(ContinuousScheduler):
+    name = "continuous"
+
+    def __init__(self, policy, *, speculative_config, proposer=None, **options):
+        super().__init__(policy, **options)
+        self.spec = speculative_config
+        # proposer(seq, k) -> up to k guesses; prompt lookup unless a test brings its own
+        self.proposer = proposer or (lambda seq, k: propose_ngram(seq.all_ids, k, speculative_config.prompt_lookup_max,
+                                                                   speculative_config.prompt_lookup_min))
+        for key in ("spec_seq_steps", "spec_draft_tokens"):
+            self.stats.setdefault(key, 0)
+
+    def schedule(self) -> StepPlan:
+        plan = super().schedule()
+        for work in plan.work:
+            draft = self._draft(work)
+            if draft:
+                work.slots += self.policy.append_slots(work.seq.seq_id, len(draft))
+                work.draft = draft
+                self.stats["spec_seq_steps"] += 1
+                self.stats["spec_draft_tokens"] += len(draft)
+        return plan
+
+    def _draft(self, work: ScheduledSeq) -> list[int]:
+        seq = work.seq
+        if work.is_prefill or not seq.params.greedy or self._group_of[seq.seq_id].num_seqs != 1:
+            return []
+        room = seq.max_new_tokens - len(seq.output_ids) - 1  # tokens it may emit after this step's own
+        k = min(self.spec.num_speculative_tokens, room)
+        if k <= 0:
+            return []
+        draft = list(self.proposer(seq, k))[:k]
+        while draft and not self.policy.can_append_slots(seq.seq_id, len(draft)):
+            draft = draft[:-1]  # what memory is left after everyone else's slots
+        return draft

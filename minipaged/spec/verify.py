@@ -1,0 +1,49 @@
+"""Greedy verification: which draft tokens the model itself would have produced.
+
+The forward pass computed the sequence's last token followed by its draft ``d_1 .. d_k``, so it
+has logits at every one of those positions. Row 0 gives the token that comes after the last token:
+greedy decoding would emit ``t_0 = argmax(row 0)``. If ``t_0 == d_1``, the K/V computed for ``d_1``
+is exactly what the next step would have computed, so row 1 is valid too and gives ``t_1``; and so on
+until the first disagreement:
+
+    accepted = the longest prefix of the draft with d_(j+1) == argmax(row j)
+    emitted  = the accepted drafts, then argmax of the row after them (a correction or a bonus)
+
+So a step emits between 1 and k + 1 tokens, and they are the tokens plain greedy decoding gives, one
+by one. ``verify`` runs that loop with the engine's own sampler, so that everything plain decoding
+does per token (EOS, stop strings, max_tokens, min_tokens, logprobs) happens here too, and stops
+early if the sequence finishes; ``accept_greedy`` is the same loop on a list of argmaxes. The engine
+then gives back the slots of the rejected drafts.
+
+Not handled: sampling with temperature > 0. That needs rejection sampling (accept d with
+probability min(1, p(d) / q(d)), else sample from the leftover of p), which keeps the sampled
+distribution exact but not the token sequence of a seeded run; sampled requests are decoded without
+speculation here.
+"""
+
+from __future__ import annotations
+
+
+def verify(draft: list[int], emit) -> int:
+    """The loop above. ``emit(j)`` appends the model's own token for row j to the sequence and
+    returns (that token, whether the sequence is finished now). Returns how many tokens it emitted."""
+    for j, guess in enumerate(draft):
+        token, finished = emit(j)
+        if finished or token != guess:
+            return j + 1
+    emit(len(draft))  # every guess was right: the last row gives one more token, for free
+    return len(draft) + 1
+
+
+def accept_greedy(argmaxes: list[int], draft: list[int]) -> list[int]:
+    """argmaxes: the greedy token of each of the len(draft) + 1 rows. Returns the tokens to emit."""
+    if len(argmaxes) != len(draft) + 1:
+        raise ValueError(f"need one row per draft token plus one, got {len(argmaxes)} for a draft of {len(draft)}")
+    emitted = []
+
+    def emit(j):
+        emitted.append(argmaxes[j])
+        return argmaxes[j], False
+
+    verify(draft, emit)
+    return emitted

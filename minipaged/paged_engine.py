@@ -41,8 +41,14 @@ the planned ``num_new`` tokens of each sequence, which may be a prompt's next ch
 of it, and it samples only for the sequences whose last token was computed (``completes``). Each
 sampled token's time goes to ``seq.token_times``, so a benchmark can measure inter-token latency.
 
+Speculative decoding (chapter 09, scheduler/speculative.py and spec/) adds a ``draft`` to some
+decoding sequences: the forward pass computes the guessed tokens after the sequence's own, returns a
+logits row for each, and commits only the own token. ``_verify`` then emits the model's tokens while
+they agree with the guesses, gives back the slots of the wrong ones (``policy.truncate``) and commits
+the right ones.
+
 Beam search drives this engine's ``forward`` from minipaged/beam_search.py with a loop of its own
-(its prompts are prefilled whole).
+(its prompts are prefilled whole, and it does not speculate).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ from minipaged.plots.style import save
 
 
 def plot_spec_speedup(result: dict, path: str | None = None, title: str | None = None):
-    """result from ``bench.speculative.run``: tokens per forward pass and wall-clock speedup against
+    """result from ``bench.speculative.run``: tokens per request and forward pass, and the speedup, against
     k, for copy requests and open questions, one at a time and batched."""
     from matplotlib.figure import Figure
 
@@ -19,11 +19,11 @@ def plot_spec_speedup(result: dict, path: str | None = None, title: str | None =
             ks = sorted(by_k, key=int)
             color, marker, line = styles[(mode, kind)]
             label = f"{kind}, {mode}"
-            left.plot([int(k) for k in ks], [by_k[k]["tokens_per_pass"] for k in ks], marker=marker, linestyle=line,
+            left.plot([int(k) for k in ks], [by_k[k]["tokens_per_step"] for k in ks], marker=marker, linestyle=line,
                       color=color, label=label)
             right.plot([int(k) for k in ks], [by_k[k]["speedup"] for k in ks], marker=marker, linestyle=line,
                        color=color, label=label)
-    left.set_ylabel("output tokens per forward pass")
+    left.set_ylabel("tokens per request per forward pass")
     right.set_ylabel("speedup in wall time (x)")
     right.axhline(1, color="#9e9e9e", linewidth=0.8)
     for ax in (left, right):

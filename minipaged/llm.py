@@ -133,7 +133,7 @@ class LLM:
             Needs kv_policy="shared" (blocks must count their holders); the same as
             kv_policy="prefix_caching".
         speculative_config: (chapter 09, scheduler="continuous", pooled policies) guess the next tokens
-            of each greedy request and check them in the same forward pass, as vLLM's option:
+            of each request and check them in the same forward pass, as vLLM's option:
             {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4,
             "prompt_lookup_min": 1}. The guesses come from earlier in the sequence itself.
         use_cache: False recomputes every token's K and V at every step (the oracle for caching).

@@ -14,10 +14,11 @@ does the same math with a handful of batched tensor operations:
     4. read the real query rows back out: [T, H, Dh].
 
 Same signature as the reference (see reference.py), selected with ``backend="torch_batched"``. The
-padding costs work and memory (S x H x max_q x C scores), so a batch with prompts in it (several
-query tokens) runs the decodes in one such call and each prompt in a call of its own: otherwise every
-decode would be padded to the longest prompt, the common case once chapter 08 chunks prompts into
-every step, and every prompt to the longest one. The math runs in fp32, like the reference;
+padding costs work and memory (S x H x max_q x C scores), so a batch with prompts in it runs the
+decodes and the other short queries (up to SHORT_QUERY tokens: chapter 09's drafts) in one such call
+and each longer prompt in a call of its own: otherwise every decode would be padded to the longest
+prompt, the common case once chapter 08 chunks prompts into every step, and every prompt to the
+longest one. The math runs in fp32, like the reference;
 the sums are grouped differently, so results agree to rounding, not bit for bit.
 
 Not handled: sliding windows, ALiBi, soft-capping.
@@ -28,16 +29,19 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+SHORT_QUERY = 12  # query tokens a sequence may have and still be batched with the decodes
+
 
 def paged_attention_batched(q, k_cache, v_cache, block_tables, context_lens, *, scale=None, query_lens=None):
-    if query_lens is not None and int(query_lens.max()) > 1 and len(query_lens) > 1:
+    if query_lens is not None and int(query_lens.max()) > SHORT_QUERY and len(query_lens) > 1:
         # prompts beside decodes or other prompts (chapter 08 mixes them at every step): the decodes
-        # in one batched call, each prompt on its own, so that nothing is padded to a prompt's length
+        # and other short queries (chapter 09's drafts) in one batched call, each longer prompt on its
+        # own, so that nothing is padded to a prompt's length
         qlen = query_lens.to(torch.long).cpu()
         rows = torch.repeat_interleave(torch.arange(len(qlen)), qlen).to(q.device)  # [T]: whose query row
-        single = qlen == 1
-        parts = ([single] if bool(single.any()) else []) + [torch.arange(len(qlen)) == i
-                                                             for i in torch.nonzero(~single).flatten().tolist()]
+        short = qlen <= SHORT_QUERY
+        parts = ([short] if bool(short.any()) else []) + [torch.arange(len(qlen)) == i
+                                                           for i in torch.nonzero(~short).flatten().tolist()]
         out = torch.empty_like(q)
         for part in parts:
             part_rows = part.to(q.device)[rows]

@@ -20,7 +20,8 @@ speculation; the outputs must be identical. Then the cost of one request's forwa
 1 .. max(k) + 1 tokens, which is what a step with a draft costs. With --plot-dir it draws
 spec_speedup.png.
 
-Not measured: sampling (only greedy requests speculate here), a draft model.
+Not measured: sampled requests (they speculate too, tested in tests/ch09_speculative_decoding), a
+draft model.
 """
 
 from __future__ import annotations
@@ -106,7 +107,7 @@ def run(model="smollm2-135m", ks=(2, 4, 8), max_tokens=64, attention="torch_batc
     from minipaged import SamplingParams
 
     if not ks or any(isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in ks):
-        raise ValueError(f"ks={list(ks)} must be integers >= 1 (the numbers of guessed tokens to compare)")
+        raise ValueError(f"--k / ks={list(ks)} must be integers >= 1 (the numbers of guessed tokens to compare)")
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats={repeats!r} must be an integer >= 1")
     systems = {0: _engine(model, 0, attention), **{k: _engine(model, k, attention) for k in ks}}

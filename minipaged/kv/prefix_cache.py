@@ -323,9 +323,10 @@ class PrefixCachingPolicy(SharedPolicy):
         promised block may already be someone else's cache hit."""
         table = self._state(seq_id)
         if isinstance(num_tokens, int) and num_tokens < max(len(table.token_ids), table.registered * self.block_size):
-            raise ValueError(f"seq {seq_id!r}: num_tokens={num_tokens} would forget written or promised tokens "
-                             f"({len(table.token_ids)} written, {table.registered} blocks in the cache); only "
-                             "tokens planned after them can be truncated")
+            least = max(len(table.token_ids), table.registered * self.block_size)
+            raise ValueError(f"seq {seq_id!r}: num_tokens={num_tokens} would forget written or promised tokens; "
+                             f"it must be in [{least}, {table.num_tokens}] ({len(table.token_ids)} written, "
+                             f"{table.registered} blocks in the cache)")
         super().truncate(seq_id, num_tokens)
 
     def detach(self, seq_id) -> BlockTable:

@@ -9,15 +9,17 @@ each attending to the tokens before it, exactly as if they had been generated al
 then checks them (spec/verify.py) and gives back the slots of the wrong ones (``policy.truncate``).
 
 Drafts take memory last, after every decode and admission of the step has its slots, so a guess
-never makes anyone wait or be preempted; where the pool has no room, the draft is shortened or
-dropped. Who gets a draft:
+never makes anyone wait or be preempted in the step it is planned in (an accepted guess keeps its
+block, as a token decoded early would). Where the pool has no room, the draft is shortened or
+dropped; with the prefix cache, a draft may take a cached block nobody holds, as any new token
+does. A step's drafts also stay within ``max_num_batched_tokens`` when one is set. Who gets a draft:
 
-    a sequence that is decoding (one uncached token), alone in its request (parallel samples share
-    blocks and would need their drafts checked together), greedy (temperature 0; see spec/verify.py
-    for what sampling would need), with room left under its max_tokens for more than one token.
+    a sequence that is decoding (one uncached token), alone in its request (samples that share
+    blocks would need their drafts checked together), with room left under its max_tokens for more
+    than one token. Greedy or sampled: spec/verify.py checks both.
 
-Not handled: chunked prefill in the same engine (the draft tokens would have to share the token
-budget), drafts for sampled requests, adapting the draft length to how often guesses are right.
+Not handled: chunked prefill in the same engine, adapting the draft length to how often guesses are
+right.
 """
 
 from __future__ import annotations
@@ -43,6 +45,8 @@ class SpeculativeScheduler(ContinuousScheduler):
         plan = super().schedule()
         for work in plan.work:
             draft = self._draft(work)
+            if self.max_num_batched_tokens is not None:  # the guesses count against the step's budget
+                draft = draft[:max(0, self.max_num_batched_tokens - plan.num_tokens)]
             if draft:
                 work.slots += self.policy.append_slots(work.seq.seq_id, len(draft))
                 work.draft = draft
@@ -52,7 +56,7 @@ class SpeculativeScheduler(ContinuousScheduler):
 
     def _draft(self, work: ScheduledSeq) -> list[int]:
         seq = work.seq
-        if work.is_prefill or not seq.params.greedy or self._group_of[seq.seq_id].num_seqs != 1:
+        if work.is_prefill or self._group_of[seq.seq_id].num_seqs != 1:
             return []
         room = seq.max_new_tokens - len(seq.output_ids) - 1  # tokens it may emit after this step's own
         k = min(self.spec.num_speculative_tokens, room)

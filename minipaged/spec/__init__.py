@@ -2,7 +2,7 @@
 
     ngram.py     the proposer: prompt lookup, the next tokens after the last earlier occurrence of
                  the sequence's final n tokens (no second model)
-    verify.py    greedy verification: keep the draft tokens the model agrees with, plus one token of
+    verify.py    verification: keep the draft tokens the model agrees with, plus one token of
                  its own
     config.py    vLLM's ``speculative_config`` dict, checked
 

@@ -14,27 +14,28 @@ class SpeculativeConfig:
     prompt_lookup_max: int = 4
     prompt_lookup_min: int = 1
 
+    def __post_init__(self):
+        if self.method not in METHODS:
+            raise ValueError(f"speculative_config['method']={self.method!r} is not known; "
+                             f"choose one of {list(METHODS)}")
+        for name in ("num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"speculative_config['{name}']={value!r} must be an integer >= 1")
+        if self.prompt_lookup_min > self.prompt_lookup_max:
+            raise ValueError(f"speculative_config['prompt_lookup_min']={self.prompt_lookup_min} must be <= "
+                             f"prompt_lookup_max={self.prompt_lookup_max}")
+
     @classmethod
     def from_dict(cls, config) -> SpeculativeConfig | None:
         """None stays None; a dict with vLLM's keys becomes a checked config."""
-        if config is None:
-            return None
+        if config is None or isinstance(config, cls):
+            return config
         if not isinstance(config, dict):
             raise ValueError(f"speculative_config must be a dict such as {{'method': 'ngram', "
                              f"'num_speculative_tokens': 4}}, got {type(config).__name__}")
         known = {"method", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min"}
-        unknown = sorted(set(config) - known)
+        unknown = sorted(map(str, set(config) - known))
         if unknown:
             raise ValueError(f"speculative_config has unknown keys {unknown}; the known ones are {sorted(known)}")
-        made = cls(**config)
-        if made.method not in METHODS:
-            raise ValueError(f"speculative_config['method']={made.method!r} is not known; "
-                             f"choose one of {list(METHODS)}")
-        for name in ("num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min"):
-            value = getattr(made, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"speculative_config['{name}']={value!r} must be an integer >= 1")
-        if made.prompt_lookup_min > made.prompt_lookup_max:
-            raise ValueError(f"speculative_config['prompt_lookup_min']={made.prompt_lookup_min} must be <= "
-                             f"prompt_lookup_max={made.prompt_lookup_max}")
-        return made
+        return cls(**config)  # __post_init__ checks every field

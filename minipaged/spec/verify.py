@@ -1,4 +1,4 @@
-"""Greedy verification: which draft tokens the model itself would have produced.
+"""Verification: which draft tokens the model itself would have produced.
 
 The forward pass computed the sequence's last token followed by its draft ``d_1 .. d_k``, so it
 has logits at every one of those positions. Row 0 gives the token that comes after the last token:
@@ -15,10 +15,17 @@ does per token (EOS, stop strings, max_tokens, min_tokens, logprobs) happens her
 early if the sequence finishes; ``accept_greedy`` is the same loop on a list of argmaxes. The engine
 then gives back the slots of the rejected drafts.
 
-Not handled: sampling with temperature > 0. That needs rejection sampling (accept d with
-probability min(1, p(d) / q(d)), else sample from the leftover of p), which keeps the sampled
-distribution exact but not the token sequence of a seeded run; sampled requests are decoded without
-speculation here.
+Sampling (temperature > 0) works the same way: sample row 0 with the request's own generator; if
+the sample equals the first guess, row 1 is valid and is sampled next, and so on. Every emitted token
+is drawn from exactly the distribution plain decoding would draw it from (the rows it was drawn
+from are conditioned on the tokens really emitted before it), with one draw of the generator per
+emitted token, as in plain decoding: a seeded request gets the same tokens. This is rejection
+sampling for a proposer that puts all its probability on one guess: the guess d is accepted with
+probability p(d).
+
+Not handled: a proposer with a real distribution q over its guesses (a draft model). Then a guess
+must be accepted with probability min(1, p(d) / q(d)), and a rejection resampled from the leftover
+of p, which keeps the distribution exact but not a seeded run's tokens.
 """
 
 from __future__ import annotations
@@ -38,7 +45,8 @@ def verify(draft: list[int], emit) -> int:
 def accept_greedy(argmaxes: list[int], draft: list[int]) -> list[int]:
     """argmaxes: the greedy token of each of the len(draft) + 1 rows. Returns the tokens to emit."""
     if len(argmaxes) != len(draft) + 1:
-        raise ValueError(f"need one row per draft token plus one, got {len(argmaxes)} for a draft of {len(draft)}")
+        raise ValueError(f"argmaxes has {len(argmaxes)} entries; a draft of {len(draft)} needs len(draft) + 1 = "
+                         f"{len(draft) + 1} (one row per draft token plus one)")
     emitted = []
 
     def emit(j):

@@ -91,23 +91,52 @@ def test_a_stop_token_inside_an_accepted_draft_ends_the_request_there(plain):
 def test_logprobs_are_those_of_plain_decoding():
     params = SamplingParams(temperature=0, max_tokens=16, logprobs=2, ignore_eos=True)
     ref = make(spec=None).generate(PROMPTS[:3], params, use_tqdm=False)
-    out = make().generate(PROMPTS[:3], params, use_tqdm=False)
+    llm = make()
+    out = llm.generate(PROMPTS[:3], params, use_tqdm=False)
+    assert llm.engine.stats["spec_accepted_tokens"] > 0
     for a, b in zip(ref, out):
         assert a.outputs[0].token_ids == b.outputs[0].token_ids
         assert a.outputs[0].cumulative_logprob == pytest.approx(b.outputs[0].cumulative_logprob, abs=1e-4)
         assert [sorted(d) for d in a.outputs[0].logprobs] == [sorted(d) for d in b.outputs[0].logprobs]
 
 
-def test_sampled_and_parallel_requests_are_decoded_without_drafts_and_unchanged():
-    params = [SamplingParams(temperature=0.8, seed=3, max_tokens=16, ignore_eos=True),
-              SamplingParams(n=3, temperature=0, max_tokens=16, ignore_eos=True)] + [GREEDY] * 2
-    prompts = PROMPTS[:4]
-    ref = make(spec=None, kv_policy="shared").generate(prompts, params, use_tqdm=False)
-    llm = make(kv_policy="shared")
-    out = llm.generate(prompts, params, use_tqdm=False)
+def drafts_by_sequence(monkeypatch):
+    """Record the length of every draft the scheduler plans, per sequence id."""
+    from minipaged.scheduler.speculative import SpeculativeScheduler
+
+    seen, plain = {}, SpeculativeScheduler._draft
+
+    def spy(self, work):
+        draft = plain(self, work)
+        seen.setdefault(work.seq.seq_id, []).append(len(draft))
+        return draft
+    monkeypatch.setattr(SpeculativeScheduler, "_draft", spy)
+    return seen
+
+
+def test_seeded_sampled_requests_speculate_and_keep_their_tokens(monkeypatch):
+    """Sample each row with the request's generator and compare with the guess: one draw per emitted
+    token, as in plain decoding, so a seeded request gets the same tokens."""
+    seen = drafts_by_sequence(monkeypatch)
+    params = [SamplingParams(temperature=t, top_p=p, seed=s, max_tokens=24, ignore_eos=True)
+              for t, p, s in ((0.05, 1.0, 3), (0.2, 0.9, 4), (1.0, 1.0, 5))]  # cold ones accept guesses
+    ref = make(spec=None).generate(PROMPTS[:3], params, use_tqdm=False)
+    llm = make()
+    out = llm.generate(PROMPTS[:3], params, use_tqdm=False)
     assert tokens(out) == tokens(ref)
-    assert llm.engine.stats["spec_seq_steps"] > 0, "the two greedy single requests did speculate"
+    assert llm.engine.stats["spec_accepted_tokens"] > 0 and all(sum(d) > 0 for d in seen.values())
     assert_clean(llm)
+
+
+def test_samples_that_share_blocks_get_no_drafts(monkeypatch):
+    seen = drafts_by_sequence(monkeypatch)
+    params = [SamplingParams(n=3, temperature=0.8, seed=2, max_tokens=16, ignore_eos=True), GREEDY]
+    ref = make(spec=None, kv_policy="shared").generate(PROMPTS[:2], params, use_tqdm=False)
+    out = make(kv_policy="shared").generate(PROMPTS[:2], params, use_tqdm=False)
+    assert tokens(out) == tokens(ref)
+    forked = {c for o in out[:1] for c in range(len(o.outputs))}
+    assert forked and sum(seen.get(min(seen), [])) == 0, "the first request's samples share blocks: no drafts"
+    assert sum(seen[max(seen)]) > 0, "the greedy request alone does speculate"
 
 
 def test_beam_search_is_unchanged():
@@ -129,6 +158,23 @@ def test_with_the_prefix_cache_only_right_guesses_are_cached(plain):
                                    SamplingParams(temperature=0, max_tokens=4, ignore_eos=True), use_tqdm=False)
     assert tokens(again) == tokens(ref)
     assert_clean(llm)
+
+
+def test_drafts_stay_within_the_token_budget(monkeypatch):
+    from minipaged.scheduler.speculative import SpeculativeScheduler
+
+    steps, plain = [], SpeculativeScheduler.schedule
+
+    def spy(self):
+        plan = plain(self)
+        steps.append((plan.num_tokens, sum(len(w.draft) for w in plan.work)))
+        return plan
+    monkeypatch.setattr(SpeculativeScheduler, "schedule", spy)
+    llm = make(spec={"method": "ngram", "num_speculative_tokens": 8}, max_num_batched_tokens=6)
+    assert tokens(llm.generate(PROMPTS[:4], GREEDY, use_tqdm=False)) == tokens(
+        make(spec=None).generate(PROMPTS[:4], GREEDY, use_tqdm=False))
+    drafted = [(n, d) for n, d in steps if d]
+    assert drafted and all(n <= 6 for n, _ in drafted) and any(n == 6 for n, _ in drafted)
 
 
 @pytest.mark.parametrize("kwargs, field", [

@@ -144,8 +144,10 @@ class PagedEngine:
         device = self.model.device
         batch = PagedBatch(self.cache, slots, tables, context_lens, query_lens, self.backend)
         ends = torch.tensor(query_lens).cumsum(0)
-        last_rows = torch.cat([torch.arange(end - 1 - drafts.get(seq_id, 0), end)  # each entry's newest token(s)
-                               for end, (seq_id, *_) in zip(ends.tolist(), work)])
+        last_rows = ends - 1  # each entry's newest token
+        if drafts:  # a drafted entry also gives the rows of its own token and every guess (chapter 09)
+            last_rows = torch.cat([torch.arange(end - 1 - drafts.get(seq_id, 0), end)
+                                   for end, (seq_id, *_) in zip(ends.tolist(), work)])
         start = time.perf_counter()
         logits = self.model(torch.tensor(tokens, device=device), torch.tensor(positions, device=device),
                             batch, logits_rows=last_rows.to(device))  # [S, V]

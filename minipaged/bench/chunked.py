@@ -28,7 +28,8 @@ import random
 import time
 from statistics import median
 
-from minipaged.simulator.chunked import make_chunked_workload, percentile
+from minipaged.bench.serving import percentile
+from minipaged.simulator.chunked import make_chunked_workload
 
 SHAPE = dict(long_every=4, long_len=(600, 900), short_len=(16, 96), output_len=(32, 64))
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import random
 
+from minipaged.bench.serving import percentile
 from minipaged.kv import make_policy
 from minipaged.simulator.serving import simulate_serving
 from minipaged.simulator.workloads import Request
@@ -45,11 +46,6 @@ def make_chunked_workload(num_requests: int = 64, long_every: int = 4, long_len=
         out = rng.randint(*output_len)
         requests.append(Request(i, 0, prompt, out, max_tokens=out))
     return requests
-
-
-def percentile(values, q: float):
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))] if ordered else None
 
 
 def costs(run, requests, step_overhead: float, long_from: int = DEFAULTS["long_len"][0]) -> dict:

@@ -110,8 +110,7 @@ def simulate_serving(scheduler: str, policy, requests, *, max_num_seqs: int = 25
         usage = policy.usage()
         run.kv_held.append(usage.occupied / usage.total)
         for work in plan.work:
-            new = work.seq.all_ids[work.cached:work.cached + work.num_new]
-            policy.commit_tokens(work.seq.seq_id, new)  # their "K/V" is written
+            policy.commit_tokens(work.seq.seq_id, work.tokens)  # their "K/V" is written
             if not work.completes:  # a prompt chunk with more to come (chapter 08)
                 continue
             for seq in [*sched.fork_children(work.seq), work.seq]:

@@ -24,10 +24,12 @@ from __future__ import annotations
 import os
 
 from minipaged import LLM
-from minipaged.beam_search import BeamSearch, BeamSearchParams, PagedBeams
 from minipaged.kv import SharedPolicy
+from minipaged.metrics import find
 from minipaged.plots import plot_block_sharing, plot_memory_saved, plot_refcount_map
+from minipaged.sampling_params import BeamSearchParams
 from minipaged.simulator.cli import DEFAULTS
+from minipaged.simulator.sharing import PAPER_ALPACA_SAVED
 from minipaged.simulator.sharing_report import DEFAULT_REQUESTS, DEFAULT_SIZES, format_sharing_table, run_sharing_table
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -58,40 +60,44 @@ def by_hand() -> None:
     plot_block_sharing(frames, titles, path=os.path.join(OUT, "cow_by_hand.png"))
 
 
-class RecordingBeams(PagedBeams):
-    """PagedBeams that keeps a snapshot of the pool before each forward pass."""
+def record_frames(llm) -> list[dict]:
+    """Make llm's model runner keep a snapshot of the pool before each forward pass (slots handed
+    out, copies not made yet), in the list returned; ``del llm.engine.runner.execute`` stops it."""
+    runner, frames = llm.engine.runner, []
+    execute = runner.execute
 
-    def __init__(self, engine):
-        super().__init__(engine)
-        self.frames = []
+    def recording_execute(plan):
+        frames.append(llm.engine.policy.snapshot())
+        return execute(plan)
 
-    def forward(self, work, width, temperature):
-        self.frames.append(self.policy.snapshot())  # slots handed out, copies not made yet
-        return super().forward(work, width, temperature)
+    runner.execute = recording_execute
+    return frames
 
 
 def beam_figures() -> None:
-    llm = LLM("smollm2-135m", kv_policy="shared", block_size=4, kv_capacity_tokens=1024, progress=False)
+    llm = LLM("smollm2-135m", kv_policy="shared", block_size=4, kv_capacity_tokens=1024, attention_backend="torch",
+              progress=False)
     prompt = llm.tokenizer.encode(llm.tokenizer.apply_chat_template([{"role": "user", "content": BEAM_QUESTION}]))
-    backend = RecordingBeams(llm.engine)
-    params = BeamSearchParams(beam_width=4, max_tokens=24)
-    (out,) = BeamSearch(backend, params, llm.tokenizer.eos_token_id).run([prompt], llm.max_model_len, llm.tokenizer)
+    frames = record_frames(llm)
+    with llm.engine.metrics.recording() as rec:  # one record per forward pass
+        (out,) = llm.beam_search([prompt], BeamSearchParams(beam_width=4, max_tokens=24))
+    del llm.engine.runner.execute
     print(f"beam search over a {len(prompt)}-token prompt:")
     for s in out.sequences:
         print(f"  {s.cum_logprob:8.3f}  {s.finish_reason:6}  {s.text!r}")
-    stats = llm.engine.stats
-    print(f"  forks {stats['forks']}, copies on write {stats['block_copies']}, "
-          f"blocks in use {sum(stats['blocks_physical'])} vs unshared {sum(stats['blocks_logical'])} "
-          f"(summed over steps): {100 * (1 - sum(stats['blocks_physical']) / sum(stats['blocks_logical'])):.1f}% saved")
-    plot_refcount_map(backend.frames, path=os.path.join(OUT, "beam_refcounts.png"),
+    physical, logical = sum(rec.series("blocks_physical")), sum(rec.series("blocks_logical"))
+    print(f"  forks {llm.engine.stats['forks']}, copies on write {find(llm.get_metrics(), 'block_copies').value}, "
+          f"blocks in use {physical} vs unshared {logical} (summed over steps): "
+          f"{100 * (1 - physical / logical):.1f}% saved")
+    plot_refcount_map(frames, path=os.path.join(OUT, "beam_refcounts.png"),
                       title=f"beam search, width 4, SmolLM2: reference counts ({len(prompt)}-token prompt, "
                             "blocks of 4)")
     def variety(i):  # a step with copies pending and blocks of several reference counts
-        frame = backend.frames[i]
+        frame = frames[i]
         return (len(frame["copies"]) > 0, len(set(frame["refs"].values())), len(frame["copies"]), -i)
 
-    step = max(range(len(backend.frames)), key=variety)
-    frame = backend.frames[step]
+    step = max(range(len(frames)), key=variety)
+    frame = frames[step]
     frame = {**frame, "tables": {f"b{i}": t for i, t in enumerate(frame["tables"].values())},
              "tokens": {f"b{i}": n for i, n in enumerate(frame["tokens"].values())}}
     print(f"  step {step}: {len(frame['copies'])} copies pending, reference counts {frame['refs']}")
@@ -106,7 +112,7 @@ def memory_saved() -> None:
                              block_size=DEFAULTS["block_size"], max_model_len=DEFAULTS["max_model_len"],
                              arrival_rate=DEFAULTS["arrival_rate"], seed=DEFAULTS["seed"])
     print(format_sharing_table(rows))
-    plot_memory_saved(rows, path=os.path.join(OUT, "memory_saved.png"))
+    plot_memory_saved(rows, path=os.path.join(OUT, "memory_saved.png"), paper=PAPER_ALPACA_SAVED)
 
 
 if __name__ == "__main__":

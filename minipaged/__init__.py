@@ -8,7 +8,8 @@ They are imported lazily, so the bookkeeping modules (allocators, block tables, 
 can be used and tested without loading torch.
 """
 
-__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput"]
+__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "LLMEngine", "EngineArgs",
+           "AsyncLLMEngine", "AsyncEngineArgs", "RequestOutputKind", "BeamSearchParams"]
 __version__ = "0.1.0"
 
 
@@ -17,10 +18,22 @@ def __getattr__(name):
         from minipaged.llm import LLM
 
         return LLM
-    if name == "SamplingParams":
-        from minipaged.sampling_params import SamplingParams
+    if name in ("SamplingParams", "RequestOutputKind", "BeamSearchParams"):
+        from minipaged import sampling_params
 
-        return SamplingParams
+        return getattr(sampling_params, name)
+    if name == "LLMEngine":
+        from minipaged.llm_engine import LLMEngine
+
+        return LLMEngine
+    if name == "AsyncLLMEngine":
+        from minipaged.async_engine import AsyncLLMEngine
+
+        return AsyncLLMEngine
+    if name in ("EngineArgs", "AsyncEngineArgs"):
+        from minipaged import config
+
+        return getattr(config, name)
     if name in ("RequestOutput", "CompletionOutput"):
         from minipaged import outputs
 

@@ -7,9 +7,11 @@
             logits = model([token]) with the cache  # decode: one new token, reads cached K/V
             (or model(all tokens so far) without a cache: the full-recompute oracle)
 
-The front end (`minipaged.llm.LLM`) turns prompts and SamplingParams into Sequences and hands them
-here. Later chapters add engines that batch sequences and keep K and V in a paged pool; this one is
-the baseline they must agree with.
+This is the loop chapter 00 walks through, and the baseline of `bench cache`. ``LLM(model,
+kv_policy="per_request")`` runs the same memory through the engine core (core.py, with
+runner.PerRequestRunner), the loop every later chapter shares; both agree token for token, and the
+pooled engines must agree with them. ``next_token`` (sampling one token and appending it) is what
+every engine uses.
 
 Not handled here: batching several sequences in one forward pass, any memory limit.
 """

@@ -9,10 +9,23 @@ Not handled yet: presence/frequency/repetition penalties, logit bias, guided dec
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import Enum
+
+
+class RequestOutputKind(Enum):
+    """What each RequestOutput of a request carries while it runs, as in vLLM."""
+
+    CUMULATIVE = 0  # everything so far (the default)
+    DELTA = 1  # only what is new since the last output: for streaming
+    FINAL_ONLY = 2  # nothing until the request is finished
 
 
 def _fail(name, value, allowed):
     raise ValueError(f"SamplingParams.{name}={value!r} is not allowed: {allowed}")
+
+
+def _fail_beam(name, value, allowed):
+    raise ValueError(f"BeamSearchParams.{name}={value!r} is not allowed: {allowed}")
 
 
 @dataclass
@@ -31,6 +44,7 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     logprobs: int | None = None  # also return the log-probabilities of this many top tokens per step
+    output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE  # what the online engine's outputs carry
     _stop_list: list[str] = field(default_factory=list, init=False, repr=False)
 
     def __post_init__(self):
@@ -64,6 +78,8 @@ class SamplingParams:
         self.stop_token_ids = list(ids)
         if self.logprobs is not None and (not isinstance(self.logprobs, int) or self.logprobs < 0):
             _fail("logprobs", self.logprobs, "an integer >= 0 or None")
+        if not isinstance(self.output_kind, RequestOutputKind):
+            _fail("output_kind", self.output_kind, f"one of {[k.name for k in RequestOutputKind]} (RequestOutputKind)")
 
     @property
     def greedy(self) -> bool:
@@ -78,3 +94,25 @@ class SamplingParams:
         bad = [i for i in self.stop_token_ids if i >= vocab_size]
         if bad:
             _fail("stop_token_ids", bad, f"token ids in [0, {vocab_size})")
+
+
+@dataclass
+class BeamSearchParams:
+    """How ``LLM.beam_search`` searches (minipaged/beam_search.py), with vLLM's field names."""
+
+    beam_width: int
+    max_tokens: int
+    ignore_eos: bool = False
+    temperature: float = 0.0  # 0: log-probabilities of the raw logits
+    length_penalty: float = 1.0  # score = cum_logprob / len(tokens) ** length_penalty
+
+    def __post_init__(self):
+        for name in ("beam_width", "max_tokens"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                _fail_beam(name, value, "an integer >= 1")
+        if isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float)) \
+                or not self.temperature >= 0:
+            _fail_beam("temperature", self.temperature, "a number >= 0")
+        if isinstance(self.length_penalty, bool) or not isinstance(self.length_penalty, (int, float)):
+            _fail_beam("length_penalty", self.length_penalty, "a number")

@@ -3,13 +3,16 @@
 It holds the prompt's token ids, the tokens generated so far, the text decoded from them, and the
 request's SamplingParams. `append(token)` adds a token and checks, in vLLM's order, whether the
 sequence is finished: max_tokens reached ("length"), EOS or a stop token id ("stop"), a stop string
-in the text ("stop", and the text is cut before it).
+in the text ("stop", and the text is cut before it, or after it with include_stop_str_in_output).
+The text is decoded incrementally (detokenizer.py), so a long output costs linear work, and
+``stream_text()`` is the part of it that a streaming client may already be shown.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from minipaged.detokenizer import IncrementalDetokenizer
 from minipaged.outputs import CompletionOutput
 from minipaged.sampling_params import SamplingParams
 
@@ -33,7 +36,8 @@ class Sequence:
     first_token_time: float | None = None
     finished_time: float | None = None
     num_cached_tokens: int = 0  # prompt tokens the prefix cache served at its first prefill (chapter 07)
-    token_times: list[float] = field(default_factory=list)  # when each output token was sampled (paged engine)
+    token_times: list[float] = field(default_factory=list)  # when each output token was sampled
+    _detok: IncrementalDetokenizer | None = field(default=None, repr=False, compare=False)
 
     @property
     def all_ids(self) -> list[int]:
@@ -64,18 +68,26 @@ class Sequence:
             self.finish_reason, self.stop_reason = "stop", None
         elif past_min and token in p.stop_token_ids:
             self.finish_reason, self.stop_reason = "stop", token
-        self.text = tokenizer.decode(self.output_ids, skip_special_tokens=p.skip_special_tokens)
-        if self.finish_reason is None and p.stop_strings and past_min:
-            self._check_stop_strings()
+        if tokenizer is not None:  # (a synthetic runner's tokens have no text)
+            if self._detok is None:
+                self._detok = IncrementalDetokenizer(tokenizer, p.skip_special_tokens, p.stop_strings,
+                                                     p.include_stop_str_in_output)
+            stop = self._detok.add(token, check_stop=past_min and self.finish_reason is None)
+            self.text = self._detok.text
+            if stop is not None:
+                self.finish_reason, self.stop_reason = "stop", stop
         if self.finish_reason is None and len(self.output_ids) >= self.max_new_tokens:
             self.finish_reason = "length"
+        if self.finish_reason is not None and self._detok is not None:
+            self._detok.finish()
 
-    def _check_stop_strings(self) -> None:
-        hits = [(self.text.find(s), s) for s in self.params.stop_strings if s in self.text]
-        if hits:
-            at, s = min(hits)
-            self.text = self.text[: at + len(s)] if self.params.include_stop_str_in_output else self.text[:at]
-            self.finish_reason, self.stop_reason = "stop", s
+    def stream_text(self) -> str:
+        """The part of the text that may be shown while the sequence is still going: never a final
+        half-decoded character (U+FFFD, the start of a multi-byte character), and never the last
+        characters that a stop string could still take back. Once finished, the whole text."""
+        if self.finished or self._detok is None:
+            return self.text
+        return self._detok.stream_text
 
     def to_output(self) -> CompletionOutput:
         return CompletionOutput(

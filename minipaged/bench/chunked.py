@@ -28,7 +28,7 @@ import random
 import time
 from statistics import median
 
-from minipaged.bench.serving import percentile
+from minipaged.metrics import percentile
 from minipaged.simulator.chunked import make_chunked_workload
 
 SHAPE = dict(long_every=4, long_len=(600, 900), short_len=(16, 96), output_len=(32, 64))
@@ -57,11 +57,9 @@ def serve(llm, trace) -> dict:
     from minipaged import SamplingParams
 
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for _, n, _ in trace]
-    stats = llm.engine.stats
-    for key, value in stats.items():  # count this run only
-        stats[key] = [] if isinstance(value, list) else type(value)(0)
     start = time.perf_counter()
-    outs = llm.generate([p for p, _, _ in trace], params, use_tqdm=False)
+    with llm.engine.metrics.recording() as rec:  # this run's steps
+        outs = llm.generate([p for p, _, _ in trace], params, use_tqdm=False)
     wall = time.perf_counter() - start
     policy = llm.engine.policy
     policy.check_invariants()
@@ -76,8 +74,8 @@ def serve(llm, trace) -> dict:
             "itl_p99_s": percentile(gaps, 99), "itl_max_s": max(gaps, default=None),
             "ttft_chat_p50_s": median(ttft[False]) if ttft[False] else None,
             "ttft_doc_p50_s": median(ttft[True]) if ttft[True] else None,
-            "steps": stats["steps"], "max_step_tokens": max(stats["step_tokens"]),
-            "gaps": gaps, "step_points": list(zip(stats["step_tokens"], stats["forward_seconds"])),
+            "steps": len(rec.records), "max_step_tokens": max(rec.series("num_tokens")),
+            "gaps": gaps, "step_points": list(zip(rec.series("num_tokens"), rec.series("forward_seconds"))),
             "tokens": [o.outputs[0].token_ids for o in outs]}
 
 
@@ -114,8 +112,7 @@ def run(model="smollm2-135m", requests=24, budgets=(256, 128, 64), max_num_seqs=
     result_systems = {}
     for label, runs in rounds.items():
         merged = {key: None if runs[0][key] is None else median(run[key] for run in runs) for key in TIMED}
-        merged.update(budget=systems[label].engine.scheduler.max_num_batched_tokens
-                      if systems[label].engine.enable_chunked_prefill else None,
+        merged.update(budget=systems[label].args.batched_tokens if systems[label].args.enable_chunked_prefill else None,
                       steps=runs[0]["steps"], max_step_tokens=runs[0]["max_step_tokens"])
         result_systems[label] = merged
     reference = rounds["whole prefills"][0]["tokens"]

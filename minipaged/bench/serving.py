@@ -35,6 +35,7 @@ import os
 import random
 import time
 
+from minipaged.metrics import find, percentile
 from minipaged.simulator.workloads import make_workload
 
 
@@ -52,23 +53,23 @@ def make_trace(num_requests: int, scale: float, max_model_len: int, vocab_size: 
     return trace
 
 
-def percentile(values, q: float):
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))] if ordered else None
-
-
 def run_engine(llm, trace, label: str, progress: bool = False) -> dict:
-    """Serve the trace with one configured LLM; everything measured from its own stats."""
+    """Serve the trace with one configured LLM; everything measured from its own metrics and a
+    recorder of this run's steps."""
     from minipaged import SamplingParams
 
     prompts = [p for p, _ in trace]
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for _, n in trace]
     llm.generate(prompts[:2], params[:2], use_tqdm=False)  # warm-up, not timed
-    stats = llm.engine.stats
-    for key, value in stats.items():  # count this run only
-        stats[key] = [] if isinstance(value, list) else type(value)(0)
+    before = {m.name: m.value for m in llm.get_metrics()}
+    swap_before = llm.engine.runner.swap_seconds
+
+    def counted(name):  # this run's part of a counter
+        return find(llm.get_metrics(), name).value - before["minipaged:" + name]
+
     start = time.perf_counter()
-    outs = llm.generate(prompts, params, use_tqdm=progress)
+    with llm.engine.metrics.recording() as rec:
+        outs = llm.generate(prompts, params, use_tqdm=progress)
     seconds = time.perf_counter() - start
     ttft = [o.metrics["first_token_time"] - o.metrics["arrival_time"] for o in outs]
     latency = [o.metrics["finished_time"] - o.metrics["arrival_time"] for o in outs]
@@ -78,29 +79,30 @@ def run_engine(llm, trace, label: str, progress: bool = False) -> dict:
     useful = sum(n for _, n in trace)
     assert sum(len(o.outputs[0].token_ids) for o in outs) == useful, "a request did not get its tokens"
     times, clock = [], 0.0
-    for step in stats["step_seconds"]:
+    for step in rec.series("step_seconds"):
         clock += step
         times.append(clock)
+    batches, usage, held = rec.series("batch_size"), rec.series("kv_utilization"), rec.series("kv_occupied")
     return {"system": label, "seconds": seconds, "requests": len(trace), "output_tokens": useful,
             "requests_per_s": len(trace) / seconds, "output_tokens_per_s": useful / seconds,
             "ttft_p50": percentile(ttft, 50), "ttft_p99": percentile(ttft, 99),
             "latency_p50": percentile(latency, 50), "latency_p99": percentile(latency, 99),
-            "mean_batch": sum(stats["batch_sizes"]) / len(stats["batch_sizes"]),
-            "peak_kv_utilization": max(stats["usage"]), "peak_kv_held": max(stats["kv_occupied"]),
-            "mean_kv_utilization": sum(stats["usage"]) / len(stats["usage"]),
-            "preemptions": stats["preemptions"], "forward_passes": stats["forward_passes"],
-            "tokens_computed": stats["tokens_computed"], "swap_seconds": stats.get("swap_seconds", 0.0),
-            "blocks_swapped_out": stats.get("blocks_swapped_out", 0),
-            "bookkeeping": bookkeeping(stats, llm.engine.max_num_seqs),
-            "timeline": {"time": times, "batch": list(stats["batch_sizes"]), "kv_held": list(stats["kv_occupied"])},
+            "mean_batch": sum(batches) / len(batches),
+            "peak_kv_utilization": max(usage), "peak_kv_held": max(held),
+            "mean_kv_utilization": sum(usage) / len(usage),
+            "preemptions": counted("num_preemptions"), "forward_passes": counted("forward_passes"),
+            "tokens_computed": counted("tokens_computed"),
+            "swap_seconds": llm.engine.runner.swap_seconds - swap_before,
+            "blocks_swapped_out": counted("blocks_swapped_out"),
+            "bookkeeping": bookkeeping(rec.records, llm.args.max_num_seqs),
+            "timeline": {"time": times, "batch": batches, "kv_held": held},
             "outputs": [o.outputs[0].token_ids for o in outs]}
 
 
-def bookkeeping(stats: dict, full_batch: int) -> dict | None:
+def bookkeeping(records: list[dict], full_batch: int) -> dict | None:
     """The share of step time spent outside the model's forward pass, over the steps that ran a
     full batch (``full_batch`` sequences). None if no step did."""
-    steps = [(s, f) for s, f, b in zip(stats["step_seconds"], stats["forward_seconds"], stats["batch_sizes"])
-             if b == full_batch]
+    steps = [(r["step_seconds"], r["forward_seconds"]) for r in records if r["batch_size"] == full_batch]
     if not steps:
         return None
     step, forward = sum(s for s, _ in steps), sum(f for _, f in steps)

@@ -34,26 +34,28 @@ INSTRUCTIONS = [
 def run(model="smollm2-135m", max_tokens=64, sizes=(2, 4, 6), block_size=16, progress=False, plot_dir=None,
         plot_width=4):
     from minipaged import LLM, SamplingParams
-    from minipaged.beam_search import BeamSearchParams
+    from minipaged.metrics import find
+    from minipaged.sampling_params import BeamSearchParams
 
-    llm = LLM(model, kv_policy="shared", block_size=block_size, kv_capacity_tokens=32768, progress=progress)
+    llm = LLM(model, kv_policy="shared", block_size=block_size, kv_capacity_tokens=32768, attention_backend="torch",
+              progress=progress)
     prompts = [llm.tokenizer.apply_chat_template([{"role": "user", "content": text}]) for text in INSTRUCTIONS]
     block_bytes = 2 * llm.config.num_layers * block_size * llm.config.num_kv_heads * llm.config.head_dim * 4
     rows = []
     for mode in ("parallel", "beam"):
         for n in sizes:
-            stats = llm.engine.stats
-            stats.update(blocks_physical=[], blocks_logical=[], forks=0, block_copies=0)
-            if mode == "parallel":
-                llm.generate(prompts, SamplingParams(n=n, temperature=0.8, seed=0, max_tokens=max_tokens),
-                             use_tqdm=False)
-            else:
-                llm.beam_search(prompts, BeamSearchParams(beam_width=n, max_tokens=max_tokens))
-            physical, logical = list(stats["blocks_physical"]), list(stats["blocks_logical"])
+            forks, copies = llm.engine.stats.get("forks", 0), find(llm.get_metrics(), "block_copies").value
+            with llm.engine.metrics.recording() as rec:  # blocks in use at every forward pass of this run
+                if mode == "parallel":
+                    llm.generate(prompts, SamplingParams(n=n, temperature=0.8, seed=0, max_tokens=max_tokens),
+                                 use_tqdm=False)
+                else:
+                    llm.beam_search(prompts, BeamSearchParams(beam_width=n, max_tokens=max_tokens))
+            physical, logical = rec.series("blocks_physical"), rec.series("blocks_logical")
             rows.append({"mode": mode, "n": n, "saved": 1 - sum(physical) / sum(logical),
                          "forward_passes": len(physical), "peak_blocks_shared": max(physical),
-                         "peak_blocks_unshared": max(logical), "forks": stats["forks"],
-                         "block_copies": stats["block_copies"]})
+                         "peak_blocks_unshared": max(logical), "forks": llm.engine.stats["forks"] - forks,
+                         "block_copies": find(llm.get_metrics(), "block_copies").value - copies})
             if plot_dir and mode == "beam" and n == plot_width:
                 from minipaged.plots import plot_blocks_over_time
 

@@ -57,19 +57,22 @@ def _engine(model, k, attention):
     return LLM(model, kv_policy="on_demand", speculative_config=spec, attention_backend=attention, progress=False)
 
 
-def _counters(llm) -> tuple[int, int, int, int]:
-    s = llm.engine.stats  # the scheduler counts its drafts in the same dict
-    return s["forward_passes"], sum(s["batch_sizes"]), s.get("spec_draft_tokens", 0), s["spec_accepted_tokens"]
+def _counters(llm) -> tuple[int, int]:
+    from minipaged.metrics import find
+
+    metrics = llm.get_metrics()
+    return (find(metrics, "spec_decode_num_draft_tokens").value, find(metrics, "spec_decode_num_accepted_tokens").value)
 
 
 def _serve(llm, chats, params) -> dict:
     before = _counters(llm)
     start = time.perf_counter()
-    outs = llm.chat(chats, params, use_tqdm=False)
+    with llm.engine.metrics.recording() as rec:  # this call's forward passes
+        outs = llm.chat(chats, params, use_tqdm=False)
     wall = time.perf_counter() - start
-    passes, seq_steps, drafted, accepted = (b - a for a, b in zip(before, _counters(llm)))
-    return {"wall_s": wall, "passes": passes, "seq_steps": seq_steps, "drafted": drafted, "accepted": accepted,
-            "tokens": [o.outputs[0].token_ids for o in outs]}
+    drafted, accepted = (b - a for a, b in zip(before, _counters(llm)))
+    return {"wall_s": wall, "passes": len(rec.records), "seq_steps": sum(rec.series("batch_size")),
+            "drafted": drafted, "accepted": accepted, "tokens": [o.outputs[0].token_ids for o in outs]}
 
 
 def pass_cost(llm, max_tokens: int, repeats: int = 5) -> dict[int, float]:

@@ -68,6 +68,9 @@ from collections.abc import Hashable, Sequence
 from dataclasses import asdict, dataclass
 
 RESERVATION_RULES = ("max", "pow2", "oracle")
+# What one slot holds, for pictures of the pool (simulator/sim.py draws them, plots/memory_map.py colours
+# them): the five parts of the waste accounting below.
+FREE, TOKEN, RESERVED, INTERNAL, EXTERNAL = 0, 1, 2, 3, 4
 
 
 class NoFreeMemory(RuntimeError):
@@ -179,6 +182,7 @@ class KVPolicy:
     name = "base"
     shares_blocks = False  # True for policies with fork / copy-on-write (chapter 05, kv/shared.py)
     caches_prefixes = False  # True when allocate(..., token_ids=) can find cached blocks (chapter 07)
+    can_fork = False  # True when fork(parent, child) exists: beam search needs it (chapter 05)
 
     def __init__(self, num_slots: int, block_size: int, max_model_len: int):
         check_positive_int("block_size", block_size)

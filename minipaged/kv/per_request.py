@@ -64,3 +64,84 @@ class BatchOfCaches:
         outs = [cache.attend(layer, qi, ki, vi) for cache, qi, ki, vi in zip(
             self.caches, q.split(self.new_tokens), k.split(self.new_tokens), v.split(self.new_tokens))]
         return torch.cat(outs)
+
+
+class UnboundedPolicy:
+    """The books behind chapter 00's memory, so that its engine runs through the same core as every
+    later one: it counts each sequence's tokens and hands out one "slot" per token (the token's
+    position; PerRequestRunner keeps the K/V itself). Memory is unbounded: every append succeeds.
+
+    ``fork(parent, child)`` (beam search) gives the child the parent's tokens; the copy to make,
+    (parent, child), comes out of ``drain_copies`` and PerRequestRunner clones the parent's tensors:
+    a private copy of everything, the unshared oracle for chapter 05's shared blocks.
+
+    Plain Python, no torch. It has no blocks: block_size is 1 and a block table is empty."""
+
+    name = label = "per_request"
+    shares_blocks = False
+    caches_prefixes = False
+    can_fork = True  # every sequence's K/V is private: a fork copies it whole
+    block_size = 1
+
+    def __init__(self, max_model_len: int):
+        self.max_model_len = max_model_len
+        self.num_blocks = 0
+        self._tokens: dict = {}
+        self._copies: list = []
+
+    def seq_ids(self) -> list:
+        return list(self._tokens)
+
+    def num_tokens(self, seq_id) -> int:
+        return self._tokens[seq_id]
+
+    def can_allocate(self, prompt_len: int, max_new_tokens: int, final_len=None) -> bool:
+        return True
+
+    def allocate(self, seq_id, prompt_len: int, max_new_tokens: int, final_len=None) -> None:
+        if seq_id in self._tokens:
+            raise ValueError(f"seq_id={seq_id!r} is already allocated; free it first")
+        self._tokens[seq_id] = 0
+
+    def append_slots(self, seq_id, n: int) -> list[int]:
+        start = self._tokens[seq_id]
+        self._tokens[seq_id] = start + n
+        return list(range(start, start + n))
+
+    def can_append_slots(self, seq_id, n: int = 1) -> bool:
+        return True
+
+    def can_append_all(self, appends) -> bool:
+        return True
+
+    def truncate(self, seq_id, num_tokens: int) -> None:
+        self._tokens[seq_id] = num_tokens
+
+    def fork(self, parent_id, child_id) -> None:
+        if child_id in self._tokens:
+            raise ValueError(f"seq_id={child_id!r} is already allocated; free it first")
+        self._tokens[child_id] = self._tokens[parent_id]
+        self._copies.append((parent_id, child_id))
+
+    def free(self, seq_id) -> None:
+        del self._tokens[seq_id]
+
+    def block_table(self, seq_id) -> list[int]:
+        return []
+
+    def drain_copies(self) -> list:
+        """(parent, child) of every fork since the last call: whole K/V to copy, oldest first."""
+        copies, self._copies = self._copies, []
+        return copies
+
+    def commit_tokens(self, seq_id, token_ids) -> None:
+        pass
+
+    def usage(self, head=None):
+        from minipaged.kv.base import Usage
+
+        tokens = sum(self._tokens.values())  # every slot held holds a token: nothing is wasted or bounded
+        return Usage(max(tokens, 1), tokens, 0, 0, 0, max(tokens, 1) - tokens, len(self._tokens))
+
+    def check_invariants(self) -> None:
+        assert all(n >= 0 for n in self._tokens.values()), f"negative token counts: {self._tokens}"

@@ -105,6 +105,7 @@ class Sharing:
 
 class SharedPolicy(OnDemandPolicy):
     name = "shared"
+    can_fork = True  # fork(parent, child): beams and samples share blocks
     pool_class = RefCountedBlockPool
     shares_blocks = True
 

@@ -109,14 +109,12 @@ def plot_block_sharing(snapshots: list[dict], titles: list[str] | None = None, p
 
 def plot_memory_saved(rows: list[dict], path: str | None = None, title: str | None = None, paper=None):
     """rows: dicts with workload, mode ("parallel"/"beam"), n and saved (0..1), e.g. the "sharing"
-    list of ``--sharing --json``. paper: {mode: (low, high)} drawn as quoted bands (default: the vLLM
-    paper's Alpaca ranges)."""
+    list of ``--sharing --json``. paper: {mode: (low, high)} drawn as quoted bands, e.g. the vLLM
+    paper's Alpaca ranges (simulator.sharing.PAPER_ALPACA_SAVED); None draws none."""
     from matplotlib.figure import Figure
     from matplotlib.patches import Patch
 
-    from minipaged.simulator.sharing import PAPER_ALPACA_SAVED
-
-    paper = PAPER_ALPACA_SAVED if paper is None else paper
+    paper = paper or {}
     workloads = list(dict.fromkeys(r["workload"] for r in rows))
     groups = list(dict.fromkeys((r["mode"], r["n"]) for r in rows))
     fig = Figure(figsize=(max(7.0, 0.9 * len(groups) + 2.5), 4.6))

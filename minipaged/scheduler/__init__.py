@@ -10,34 +10,27 @@
                                                                decoding sequences, checked by the engine
 
 Both plan one engine step at a time (``schedule() -> StepPlan``, plan.py) over the same KV policy,
-and both preempt by recompute or by swap (kv/swap.py). The engine (paged_engine.py) only executes
-the plan: block copies, one forward pass, sampling; then it tells the scheduler what finished.
+and both preempt by recompute or by swap (kv/swap.py). The engine core (core.py) hands the plan
+to a runner (runner.py: block copies, one forward pass), samples, and tells the scheduler what finished.
 Like the KV policies, the schedulers are plain Python: they can be tested without a model.
 """
 
-from minipaged.scheduler.chunked import DEFAULT_CHUNKED_BUDGET, ChunkedPrefillScheduler
-from minipaged.scheduler.continuous import PREEMPTION_MODES, ContinuousScheduler
+from minipaged.config import DEFAULT_CHUNKED_BUDGET, PREEMPTION_MODES, SCHEDULERS
+from minipaged.scheduler.chunked import ChunkedPrefillScheduler
+from minipaged.scheduler.continuous import ContinuousScheduler
 from minipaged.scheduler.plan import Group, ScheduledSeq, StepPlan
 from minipaged.scheduler.speculative import SpeculativeScheduler
 from minipaged.scheduler.static import StaticScheduler
 
-SCHEDULERS = ("continuous", "static")
-
 
 def make_scheduler(name: str, policy, enable_chunked_prefill: bool = False, speculative_config=None, **options):
+    """The scheduler of a configuration. The options are checked once, by EngineArgs.validate()
+    (config.py); only the name is checked here, for callers that build a scheduler by hand."""
     if name not in SCHEDULERS:
         raise ValueError(f"scheduler={name!r} is not known; choose one of {list(SCHEDULERS)}")
-    if not isinstance(enable_chunked_prefill, bool):
-        raise ValueError(f"enable_chunked_prefill must be True or False, got {enable_chunked_prefill!r}")
     if speculative_config is not None:
-        if name != "continuous" or enable_chunked_prefill:
-            raise ValueError("speculative_config needs scheduler='continuous' without enable_chunked_prefill "
-                             f"(got scheduler={name!r}, enable_chunked_prefill={enable_chunked_prefill})")
         return SpeculativeScheduler(policy, speculative_config=speculative_config, **options)
     if enable_chunked_prefill:
-        if name != "continuous":
-            raise ValueError(f"enable_chunked_prefill=True needs scheduler='continuous', not {name!r}: chunks "
-                             "are built on the continuous scheduler (scheduler/chunked.py)")
         return ChunkedPrefillScheduler(policy, **options)
     return (ContinuousScheduler if name == "continuous" else StaticScheduler)(policy, **options)
 

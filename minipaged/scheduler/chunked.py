@@ -28,16 +28,14 @@ all allocated at admission, as before; only their slots are handed out chunk by 
 cache (chapter 07) a block is promised when the chunk that fills it has its slots, no earlier.
 
 Not handled: several prompts part-way at once, sharing the budget (vLLM's
-``max_num_partial_prefills``), chunking beam search's prompts (it drives the engine itself), and
-static batching (chapter 06's baseline stays as it was).
+``max_num_partial_prefills``), and static batching (chapter 06's baseline stays as it was).
 """
 
 from __future__ import annotations
 
+from minipaged.config import DEFAULT_CHUNKED_BUDGET
 from minipaged.scheduler.continuous import ContinuousScheduler
 from minipaged.scheduler.plan import Group, ScheduledSeq, StepPlan
-
-DEFAULT_CHUNKED_BUDGET = 256  # tokens per step on a CPU: about 0.6 s for SmolLM2 on 2 cores (bench chunked's fit)
 
 
 class ChunkedPrefillScheduler(ContinuousScheduler):
@@ -46,11 +44,7 @@ class ChunkedPrefillScheduler(ContinuousScheduler):
 
     def __init__(self, policy, *, max_num_seqs: int = 64, max_num_batched_tokens: int | None = None, **options):
         budget = DEFAULT_CHUNKED_BUDGET if max_num_batched_tokens is None else max_num_batched_tokens
-        if isinstance(budget, bool) or not isinstance(budget, int) or budget < max_num_seqs:
-            given = "" if max_num_batched_tokens is not None else " (the chunked-prefill default)"
-            raise ValueError(f"max_num_batched_tokens={budget!r}{given} must be an integer >= max_num_seqs="
-                             f"{max_num_seqs} with chunked prefill, so that every running sequence's next token "
-                             "fits in a step")
+        assert budget >= max_num_seqs, "EngineArgs.validate() checks that the budget holds every decode"
         super().__init__(policy, max_num_seqs=max_num_seqs, max_num_batched_tokens=budget, **options)
 
     def _left(self, plan: StepPlan) -> int:

@@ -17,7 +17,9 @@ Preemption, by ``preemption_mode``:
     "recompute"  free the request's blocks and put it back at the head of the queue; when it is
                  admitted again its prompt *and* everything it generated are prefilled as one
                  prompt. Cheap in memory, costs compute. A request of several samples comes back
-                 as one request per sample (each re-prefilled on its own, no longer sharing).
+                 as one request per sample (each re-prefilled on its own, no longer sharing); a
+                 beam search starts over from its prompt (``plan.restarted``; it is deterministic,
+                 so only its cost changes).
     "swap"       copy the request's blocks to the CPU swap space (kv/swap.py; shared blocks once)
                  and free them; swap them back in later. Costs two copies, no compute. If the swap
                  space cannot hold the request, it is recomputed instead (``swap_fallbacks``).
@@ -42,10 +44,9 @@ from __future__ import annotations
 import itertools
 from collections import deque
 
+from minipaged.config import PREEMPTION_MODES
 from minipaged.kv.base import NoFreeMemory, blocks_for
 from minipaged.scheduler.plan import Group, ScheduledSeq, StepPlan
-
-PREEMPTION_MODES = ("recompute", "swap")
 
 
 class ContinuousScheduler:
@@ -66,16 +67,17 @@ class ContinuousScheduler:
         self.swapped: deque[Group] = deque()
         self.stats = stats if stats is not None else {}
         for key in ("preemptions", "preempted_recompute", "preempted_swap", "swap_fallbacks", "refused",
-                    "blocks_swapped_out", "blocks_swapped_in"):
+                    "blocks_swapped_out", "blocks_swapped_in", "forks"):
             self.stats.setdefault(key, 0)
         self._group_ids = itertools.count()
         self._group_of: dict[int, Group] = {}  # seq_id -> its group (live and waiting children too)
 
     # ---- the queues ---------------------------------------------------------------------------
 
-    def add(self, seq, children=()) -> Group:
-        """Queue a request: one sequence, and the samples to fork from it once its prompt is cached."""
-        group = Group(next(self._group_ids), [seq], list(children))
+    def add(self, seq, children=(), beam_width: int = 0) -> Group:
+        """Queue a request: one sequence, and the samples to fork from it once its prompt is cached
+        (or, with beam_width, a beam search that starts from this one sequence)."""
+        group = Group(next(self._group_ids), [seq], list(children), beam_width)
         for s in [seq, *group.children]:
             self._group_of[s.seq_id] = group
         self.waiting.append(group)
@@ -201,9 +203,18 @@ class ContinuousScheduler:
     def _never_fits(self, group: Group) -> str | None:
         """Why the group could never run even in an empty pool, or None. The policy checks one
         sequence; here the samples of one request are checked together (they grow side by side)."""
-        if len(group.seqs) + len(group.children) < 2 or not hasattr(self.policy, "pool"):
+        if group.num_seqs < 2 or not hasattr(self.policy, "pool"):
             return None
         bs, num_blocks = self.policy.block_size, self.policy.num_blocks
+        if group.beam_width:  # beams that share nothing but the full prompt blocks
+            from minipaged.beam_search import worst_case_blocks
+
+            seq = group.seqs[0]
+            worst = worst_case_blocks(len(seq.prompt_ids), seq.max_new_tokens, group.beam_width, bs)
+            if worst <= num_blocks:
+                return None
+            return (f"beam search with beam_width={group.beam_width} over a {len(seq.prompt_ids)}-token prompt and "
+                    f"max_tokens={seq.max_new_tokens} may need {worst} blocks; the whole pool has {num_blocks}")
         if group.children:  # a fresh request: the full prompt blocks are shared, the rest is private
             seq = group.seqs[0]
             longest = blocks_for(seq.num_tokens + self._remaining(seq), bs)
@@ -238,6 +249,10 @@ class ContinuousScheduler:
         self.stats["preempted_recompute"] += 1
         for seq_id in ids:
             self.policy.free(seq_id)
+        if group.beam_width:  # a beam search starts over from its prompt (the core resets it)
+            plan.restarted.append(group)
+            self.waiting.appendleft(group)
+            return
         if len(group.seqs) <= 1:
             self.waiting.appendleft(group)
             return
@@ -268,6 +283,47 @@ class ContinuousScheduler:
         group.seqs, group.children = [], []
         self._on_done(group)
 
+    def abort(self, seq_ids) -> None:
+        """Drop the requests these sequences belong to, wherever they are (waiting, running, swapped
+        out), with every block they hold on the device or in the swap space."""
+        groups = {id(g): g for g in (self._group_of.get(i) for i in seq_ids) if g is not None}
+        held = set(self.policy.seq_ids())
+        swapped = set(self.swap_space.seq_ids()) if self.swap_space is not None else set()
+        for group in groups.values():
+            for queue in (self.waiting, self.running, self.swapped):
+                if any(g is group for g in queue):
+                    queue.remove(group)
+            for seq in group.seqs:
+                if seq.seq_id in held:
+                    self.policy.free(seq.seq_id)
+                if seq.seq_id in swapped:
+                    self.swap_space.drop(seq.seq_id)
+            for seq in [*group.seqs, *group.children]:
+                self._group_of.pop(seq.seq_id, None)
+            group.seqs, group.children = [], []
+            self._on_done(group)
+
+    def fork_seq(self, parent, child) -> None:
+        """A beam branches: child starts with parent's blocks (shared, nothing copied) in its group."""
+        group = self._group_of[parent.seq_id]
+        self.policy.fork(parent.seq_id, child.seq_id)
+        group.seqs.append(child)
+        self._group_of[child.seq_id] = group
+        self.stats["forks"] += 1
+
+    def restart(self, group: Group, seq) -> None:
+        """A preempted beam search starts over: its only sequence is now ``seq`` (its prompt)."""
+        for old in group.seqs:
+            self._group_of.pop(old.seq_id, None)
+        group.seqs = [seq]
+        self._group_of[seq.seq_id] = group
+
+    def drop_seq(self, seq) -> None:
+        """A beam is pruned: its blocks go back (shared ones lose a holder); its group goes on."""
+        group = self._group_of.pop(seq.seq_id)
+        self.policy.free(seq.seq_id)
+        group.seqs.remove(seq)
+
     def fork_children(self, seq) -> list:
         """The samples waiting to fork from seq, forked now that its prompt is cached (sharing policies)."""
         group = self._group_of[seq.seq_id]
@@ -277,7 +333,7 @@ class ContinuousScheduler:
         for child in children:
             self.policy.fork(seq.seq_id, child.seq_id)
             group.seqs.append(child)
-        self.stats["forks"] = self.stats.get("forks", 0) + len(children)
+        self.stats["forks"] += len(children)
         return children
 
     def finish(self, seq) -> None:

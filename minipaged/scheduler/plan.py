@@ -4,7 +4,8 @@ A ``Group`` is one request's sequences. They are admitted, preempted, swapped an
 because under copy-on-write (chapter 05) they share blocks: swapping out one sample of four would
 copy the shared prompt blocks anyway, and recomputing one would have to prefill the prompt again.
 The parallel samples that are to be forked from the first sequence once its prompt is cached wait
-in ``children``.
+in ``children``. A beam search's group (``beam_width`` > 0) gains and loses sequences as its beams
+branch and are pruned (``fork_seq``, ``drop_seq`` in continuous.py), and is never split.
 
 A ``StepPlan`` is everything the engine must do in one step, in order:
 
@@ -16,7 +17,9 @@ A ``StepPlan`` is everything the engine must do in one step, in order:
     3. sampling one token for each sequence whose tokens are now all computed (``completes``), or,
        with a draft, checking the guesses and keeping the ones the model agrees with.
 
-``refused`` are the requests that were dropped this step because they could never fit.
+``refused`` are the requests that were dropped this step because they could never fit;
+``restarted`` the beam searches preempted by recompute, which start over from their prompt (their
+beams, prefilled again one by one, could need more memory than the search that shared them).
 """
 
 from __future__ import annotations
@@ -31,10 +34,12 @@ class Group:
     group_id: int
     seqs: list[Sequence]  # the live sequences (unfinished, and forked if they were children)
     children: list[Sequence] = field(default_factory=list)  # samples to fork from seqs[0] after its prefill
+    beam_width: int = 0  # a beam search (beam_search.py): its beams grow to this many, and stay together
 
     @property
     def num_seqs(self) -> int:
-        return len(self.seqs) + len(self.children)
+        """Sequences the group runs, or will run: a beam search counts its full width."""
+        return max(len(self.seqs) + len(self.children), self.beam_width)
 
     @property
     def done(self) -> bool:
@@ -81,6 +86,7 @@ class StepPlan:
     swap_in: list[tuple[int, int]] = field(default_factory=list)  # (CPU block, device block)
     refused: list[Sequence] = field(default_factory=list)
     preempted: int = 0  # requests preempted while planning this step
+    restarted: list[Group] = field(default_factory=list)  # beam searches preempted by recompute: start over
 
     @property
     def num_tokens(self) -> int:

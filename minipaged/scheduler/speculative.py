@@ -56,7 +56,8 @@ class SpeculativeScheduler(ContinuousScheduler):
 
     def _draft(self, work: ScheduledSeq) -> list[int]:
         seq = work.seq
-        if work.is_prefill or self._group_of[seq.seq_id].num_seqs != 1:
+        group = self._group_of[seq.seq_id]
+        if work.is_prefill or group.num_seqs != 1 or group.beam_width:  # beams are ranked, not verified
             return []
         room = seq.max_new_tokens - len(seq.output_ids) - 1  # tokens it may emit after this step's own
         k = min(self.spec.num_speculative_tokens, room)

@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import random
 
-from minipaged.bench.serving import percentile
 from minipaged.kv import make_policy
+from minipaged.metrics import percentile
 from minipaged.simulator.serving import simulate_serving
 from minipaged.simulator.workloads import Request
 

@@ -1,17 +1,18 @@
-"""Chapter 06 without a model: a request trace through a real scheduler and KV policy, step by step.
+"""Chapter 06 without a model: a request trace through the real engine core, step by step.
 
-The engine's loop (paged_engine.py) with the forward pass replaced by "every scheduled sequence gets
-one more token": the scheduler, the policy and the swap space are the very objects the engine uses,
-so admission, preemption and swapping happen exactly as they would on the model, in milliseconds.
-A step here is one forward pass there; how long a forward pass takes is what this cannot tell (the
-benchmark, ``python -m minipaged bench serving``, measures it on the real model).
+The engine core (core.py) with a synthetic runner (runner.py): every planned sequence "computes" for
+free and gets token 7 as its next token. The scheduler, the KV policy, the swap space and the loop
+that admits, preempts and finishes are the very ones that serve the model, so admission, preemption
+and swapping happen exactly as they would there, in milliseconds. A step here is one forward pass
+there; how long a forward pass takes is what this cannot tell (the benchmark, ``python -m minipaged
+bench serving``, measures it on the real model).
 
     from minipaged.simulator.serving import simulate_serving
     run = simulate_serving("continuous", make_policy("on_demand", num_slots=4096), requests)
     run.steps, run.batch_sizes, run.kv_held, run.preemptions
 
 Requests that carry their ``prompt_ids`` are admitted with them, so a prefix cache (chapter 07) can
-find their blocks; the others have prompts of one repeated token. Every generated token is token 7.
+find their blocks; the others have prompts of one repeated token.
 
 With ``enable_chunked_prefill`` the scheduler is chapter 08's: ``step_tokens`` then never exceeds
 the budget, and a prompt chunk that is not the last samples nothing.
@@ -22,20 +23,12 @@ Not modelled: time per step (a prefill step costs more than a decode step on a r
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass, field
 
-from minipaged.kv.swap import SwapSpace
+from minipaged.config import EngineArgs
+from minipaged.core import EngineCore
+from minipaged.runner import SyntheticRunner
 from minipaged.sampling_params import SamplingParams
-from minipaged.scheduler import make_scheduler
-from minipaged.sequence import Sequence
-
-
-class _NoText:
-    """A tokenizer stand-in: the simulated tokens have no text."""
-
-    def decode(self, ids, skip_special_tokens=True) -> str:
-        return ""
 
 
 @dataclass
@@ -70,59 +63,47 @@ def simulate_serving(scheduler: str, policy, requests, *, max_num_seqs: int = 25
     """Run ``requests`` (simulator.workloads.Request, all arriving at once) to the end.
 
     Each request generates exactly its ``output_len`` tokens (as ``ignore_eos`` does); ``n`` > 1
-    forks that many samples per request (the policy must share blocks). Checks the policy's
-    invariants after every step and that nothing is left allocated at the end.
+    samples per request are forked from the first when the policy shares blocks. Checks the
+    policy's invariants after every step and that nothing is left allocated at the end.
     """
-    swap = SwapSpace(swap_blocks, policy.block_size) if swap_blocks else None
-    run = ServingRun(scheduler, policy.label)
-    sched = make_scheduler(scheduler, policy, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                           preemption_mode=preemption_mode, swap_space=swap, stats=run.stats,
-                           enable_chunked_prefill=enable_chunked_prefill)
-    ids, owner, tokenizer = itertools.count(), {}, _NoText()
+    args = EngineArgs(model="synthetic", kv_policy=policy.name, block_size=policy.block_size,
+                      kv_capacity_tokens=max(policy.num_slots, policy.block_size), scheduler=scheduler,
+                      max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                      preemption_mode=preemption_mode, swap_space_tokens=swap_blocks * policy.block_size,
+                      enable_chunked_prefill=enable_chunked_prefill).validate()
+    core = EngineCore(args, policy, SyntheticRunner(policy), None, None, policy.max_model_len)
+    run = ServingRun(scheduler, policy.label, stats=core.stats)
     for r in requests:
-        params = SamplingParams(n=n, max_tokens=r.output_len, ignore_eos=True)
         prompt = list(r.prompt_ids) if r.prompt_ids is not None else [1] * r.prompt_len
-        seqs = [Sequence(next(ids), prompt, params, eos_token_id=-1, max_model_len=policy.max_model_len,
-                         index=i) for i in range(n)]
-        for s in seqs:
-            owner[s.seq_id] = r.request_id
-        if n > 1 and policy.shares_blocks:
-            sched.add(seqs[0], seqs[1:])
-        else:
-            for s in seqs:
-                sched.add(s)
-    while sched.has_work():
-        if run.steps >= max_steps:
-            raise RuntimeError(f"no end after {max_steps} steps")
-        plan = sched.schedule()
-        run.refused += [owner[s.seq_id] for s in plan.refused]
-        if not plan.work:
-            if plan.refused:
-                continue
-            raise RuntimeError("the scheduler planned nothing and refused nothing: it is stuck")
-        policy.drain_copies()  # nothing to copy without K/V
-        run.steps += 1
-        run.batch_sizes.append(len(plan.work))
-        run.prefill_tokens.append(plan.num_prefill_tokens)
-        run.step_tokens.append(plan.num_tokens)
-        run.decodes.append(plan.num_decodes)
-        run.tokens_computed += plan.num_tokens
-        usage = policy.usage()
-        run.kv_held.append(usage.occupied / usage.total)
-        for work in plan.work:
-            policy.commit_tokens(work.seq.seq_id, work.tokens)  # their "K/V" is written
-            if not work.completes:  # a prompt chunk with more to come (chapter 08)
-                continue
-            for seq in [*sched.fork_children(work.seq), work.seq]:
-                seq.append(7, tokenizer)
-                request = owner[seq.seq_id]
-                run.first_token_step.setdefault(request, run.steps)
-                if seq.finished:
-                    sched.finish(seq)
-                    run.finish_step[request] = run.steps
-        policy.check_invariants()
+        core.add_request(str(r.request_id), prompt, SamplingParams(n=n, max_tokens=r.output_len, ignore_eos=True))
+    with core.metrics.recording() as steps:
+        while core.has_unfinished_requests():
+            if run.steps >= max_steps:
+                raise RuntimeError(f"no end after {max_steps} steps")
+            before = len(steps.records)
+            changed = core.step()
+            if len(steps.records) > before:
+                run.steps += 1
+                record = steps.records[-1]
+                run.batch_sizes.append(record["batch_size"])
+                run.prefill_tokens.append(record["num_prefill_tokens"])
+                run.step_tokens.append(record["num_tokens"])
+                run.decodes.append(record["num_decodes"])
+                run.tokens_computed += record["num_tokens"]
+                run.kv_held.append(record["kv_occupied"])
+            for request_id in changed:
+                request, rid = core.requests[request_id], int(request_id)
+                if any(str(s.stop_reason).startswith("refused") for s in request.seqs):
+                    run.refused += [rid] * sum(str(s.stop_reason).startswith("refused") for s in request.seqs)
+                elif any(s.output_ids for s in request.seqs):
+                    run.first_token_step.setdefault(rid, run.steps)
+                if request.finished:
+                    if rid not in run.refused:
+                        run.finish_step[rid] = run.steps
+                    core.pop_finished(request_id)
+            policy.check_invariants()
     assert not policy.seq_ids(), f"blocks leaked: {policy.seq_ids()}"
-    if swap is not None:
-        swap.check_invariants()
-        assert not swap.seq_ids(), "swap space leaked"
+    if core.swap_space is not None:
+        core.swap_space.check_invariants()
+        assert not core.swap_space.seq_ids(), "swap space leaked"
     return run

@@ -1,14 +1,16 @@
 """Memory saved by sharing blocks (chapter 05), simulated on a request trace with the real "shared" policy.
 
-Two ways one request becomes several sequences:
+Both modes run the trace through the engine core itself (core.py) with a synthetic runner: the real
+scheduler, admission, forks, frees and preemption, with no model. Two ways one request becomes
+several sequences:
 
     parallel sampling, n samples   the prompt is prefilled once and forked n - 1 times; every sample
                                    then grows on its own. Sample 0 generates the trace's output length,
                                    the others lengths drawn from the same trace (seeded), so samples
                                    end at different times, as real ones do.
-    beam search, width k           minipaged.beam_search's own loop (BeamSearch, select_beams, the
-                                   fork / take over / prune bookkeeping of PolicyBeams) runs for the
-                                   trace's output length. The model is replaced by synthetic
+    beam search, width k           the core's beam search (select_beams, and the take over / fork /
+                                   prune moves of beam_search.py) runs for the trace's output
+                                   length. The model is replaced by synthetic
                                    next-token log-probabilities: for each beam and step, a Zipf-shaped
                                    distribution over a 49,152-token vocabulary, p(rank r) ~ r^-s, with
                                    the steepness s drawn uniformly from [1, 3] (top-token probability
@@ -24,24 +26,24 @@ unshared on_demand policy takes for them). The memory saved is
 
 that is, the time-averaged KV memory with sharing against without, for the same sequences.
 
+Every step is one of the core's steps (a forward pass on a model), recorded after the step's
+blocks are planned and its copies on write made, before the finished sequences give theirs back.
 Everything waits from step 0 and is admitted first come, first served, as the pool allows (the
-simulate command's default arrival rate keeps its queue full anyway). A sequence that finds no free
-block preempts the newest request as a whole: its sequences give their blocks back and it starts
-over from its prompt later, so preemption never turns shared blocks into private copies.
+simulate command's default arrival rate keeps its queue full anyway). When the pool runs dry the
+newest request is preempted by recompute, as chapter 06's scheduler does: a beam search comes back
+whole, parallel samples one by one, unshared.
 
-Not modelled: EOS (no beam ends early), stop strings, time per step.
+Not modelled: EOS for beams (no beam ends early), stop strings, time per step.
 """
 
 from __future__ import annotations
 
 import math
 import random
-from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from minipaged.beam_search import BeamSearch, BeamSearchParams, PolicyBeams
-from minipaged.kv.base import NoFreeMemory, blocks_for
 from minipaged.kv.shared import SharedPolicy
+from minipaged.sampling_params import BeamSearchParams
 from minipaged.simulator.workloads import Request
 
 MODES = ("parallel", "beam")
@@ -93,15 +95,38 @@ class SharingResult:
                 "finished": self.finished, "refused": self.refused}
 
 
+# ---- both modes run through the engine core ------------------------------------------------------
+
+def _core(policy: SharedPolicy, runner, eos_token_id=None):
+    """The engine core (core.py) over this policy and a synthetic runner: the real scheduler and
+    admission, forks, frees and preemption; no model."""
+    from minipaged.config import EngineArgs
+    from minipaged.core import EngineCore
+
+    args = EngineArgs(model="synthetic", kv_policy=policy.name, block_size=policy.block_size,
+                      kv_capacity_tokens=policy.num_slots, max_num_seqs=1 << 30).validate()
+    return EngineCore(args, policy, runner, None, eos_token_id, policy.max_model_len)
+
+
+def _run(core, result: SharingResult) -> None:
+    """Step the core to the end; every step's blocks in use (with and without sharing) go to result."""
+    with core.metrics.recording() as rec:
+        while core.has_unfinished_requests():
+            core.step()
+    for record in rec.records:
+        result.steps += 1
+        result.physical_block_steps += record["blocks_physical"]
+        result.logical_block_steps += record["blocks_logical"]
+        result.peak_physical_blocks = max(result.peak_physical_blocks, record["blocks_physical"])
+        result.peak_logical_blocks = max(result.peak_logical_blocks, record["blocks_logical"])
+    result.forks = core.stats.get("forks", 0)
+    result.preemptions = core.stats.get("preemptions", 0)
+    result.cow_copies = core.runner.num_copies
+
+
 # ---- parallel sampling ------------------------------------------------------------------------
 
-@dataclass
-class _Family:
-    """The samples of one request that have not finished yet."""
-
-    request: Request
-    finals: list[int]  # final length of each unfinished sample
-    ids: list[int] = field(default_factory=list)  # their sequence ids while running
+EOS = 0  # the synthetic end-of-sequence token: a sample emits it when it reaches its length
 
 
 def _sample_lengths(requests: list[Request], n: int, max_model_len: int, seed: int) -> list[list[int]]:
@@ -112,124 +137,72 @@ def _sample_lengths(requests: list[Request], n: int, max_model_len: int, seed: i
                              for _ in range(n - 1)] for r in requests]
 
 
-def family_worst_case_blocks(prompt_len: int, finals: list[int], block_size: int) -> int:
-    """Blocks a family holds at most: the full prompt blocks once, every sample's other blocks."""
-    shared = prompt_len // block_size
-    return shared + sum(blocks_for(final, block_size) - shared for final in finals)
+def simulate_parallel(policy: SharedPolicy, requests: list[Request], n: int, seed: int = 0) -> SharingResult:
+    """Every request samples n outputs that share its prompt's blocks: the core prefills the prompt
+    once and forks it n - 1 times (as ``LLM.generate`` does with SamplingParams(n=...)). Sample i
+    runs to its own length (drawn from the trace), then emits EOS.
 
+    When a sample finds no free block the scheduler preempts the newest request by recompute: its
+    samples come back one by one, each prefilled on its own (chapter 06)."""
+    from minipaged.runner import SyntheticRunner
+    from minipaged.sampling_params import SamplingParams
 
-def simulate_parallel(policy: SharedPolicy, requests: list[Request], n: int, seed: int = 0,
-                      max_steps: int = 10_000_000) -> SharingResult:
-    """Every request samples n outputs that share its prompt's blocks.
-
-    A sample that finds no free block preempts the newest request: all of its unfinished samples
-    give their blocks back and the request starts over from its prompt later, prefilled once and
-    forked again, so that preemption never turns shared blocks into private copies.
-    """
     if policy.seq_ids():
         raise ValueError("policy must be empty when the simulation starts")
     result = SharingResult("parallel", n, len(requests), policy.block_size)
-    waiting = deque(_Family(r, finals) for r, finals in zip(requests, _sample_lengths(
-        requests, n, policy.max_model_len, seed)))
-    running: list[_Family] = []
-    ids = iter(range(1 << 62))
-    while waiting or running:
-        if result.steps >= max_steps:
-            raise RuntimeError(f"simulation did not finish within max_steps={max_steps}")
-        while waiting:  # admission, first come first served
-            family = waiting[0]
-            prompt_len = family.request.prompt_len
-            try:
-                worst = family_worst_case_blocks(prompt_len, family.finals, policy.block_size)
-                if worst > policy.num_blocks:
-                    raise ValueError(f"{len(family.finals)} samples may need {worst} blocks")
-                if not policy.can_allocate(prompt_len, max(family.finals) - prompt_len):
-                    break
-            except ValueError:
-                waiting.popleft()
-                result.refused += 1
-                continue
-            waiting.popleft()
-            family.ids = [next(ids) for _ in family.finals]
-            parent = family.ids[0]
-            policy.allocate(parent, prompt_len, family.finals[0] - prompt_len, final_len=family.finals[0])
-            policy.append_slots(parent, prompt_len)  # the prompt, prefilled once
-            for child, final in zip(family.ids[1:], family.finals[1:]):
-                policy.fork(parent, child, final_len=final)
-                result.forks += 1
-            running.append(family)
+    target: dict[int, int] = {}  # seq_id -> how many tokens it generates
 
-        i, j = 0, 0  # decode: one token for sample j of family i
-        while i < len(running):
-            family = running[i]
-            if j == len(family.ids):
-                i, j = i + 1, 0
-                continue
-            try:
-                policy.append_slots(family.ids[j], 1)
-                j += 1
-            except NoFreeMemory:  # nothing changed; the newest family starts over
-                victim = running.pop()
-                for sid in victim.ids:
-                    policy.free(sid)
-                victim.ids = []
-                waiting.appendleft(victim)
-                result.preemptions += 1
-                if victim is family:
-                    break
-        result.cow_copies += len(policy.drain_copies())  # the engine would copy these blocks now
-        result.record(policy)
+    def token_of(seq) -> int:
+        return EOS if len(seq.output_ids) + 1 >= target[seq.seq_id] else 7
 
-        for family in list(running):
-            keep = [(sid, final) for sid, final in zip(family.ids, family.finals) if policy.num_tokens(sid) < final]
-            for sid, final in zip(family.ids, family.finals):
-                if policy.num_tokens(sid) >= final:
-                    policy.free(sid)
-                    result.finished += 1
-            family.ids, family.finals = [sid for sid, _ in keep], [final for _, final in keep]
-            if not family.ids:
-                running.remove(family)
+    core = _core(policy, SyntheticRunner(policy, token_of=token_of), eos_token_id=EOS)
+    for r, finals in zip(requests, _sample_lengths(requests, n, policy.max_model_len, seed)):
+        params = SamplingParams(n=n, max_tokens=max(finals) - r.prompt_len)
+        request = core.add_request(str(r.request_id), [1] * r.prompt_len, params)
+        for seq, final in zip(request.seqs, finals):
+            target[seq.seq_id] = final - r.prompt_len
+    _run(core, result)
+    reasons = [s.stop_reason for req in core.requests.values() for s in req.seqs]
+    result.refused = sum(str(r).startswith("refused") for r in reasons)
+    result.finished = len(reasons) - result.refused
     return result
 
 
 # ---- beam search ------------------------------------------------------------------------------
 
-class SyntheticBeams(PolicyBeams):
-    """PolicyBeams whose forward pass draws synthetic log-probabilities instead of running a model."""
+def synthetic_candidates(seed: int):
+    """candidates_of(width) for a synthetic runner: a beam's 2 * width best (token, logprob) under
+    p(rank r) ~ r^-s, with s drawn from STEEPNESS for every beam and step."""
+    rng, tables = random.Random(seed), {}
 
-    def __init__(self, policy: SharedPolicy, result: SharingResult, seed: int):
-        super().__init__(policy)
-        self.result, self.rng = result, random.Random(seed)
-        self._tables: dict[float, list[tuple[int, float]]] = {}
-
-    def _candidates(self, s: float, count: int) -> list[tuple[int, float]]:
-        """The count most likely (token, logprob) of p(rank r) ~ r^-s over the vocabulary."""
-        if s not in self._tables:
+    def candidates(width: int) -> list[tuple[int, float]]:
+        s = rng.choice(STEEPNESS)
+        if s not in tables:
             log_z = math.log(sum(r ** -s for r in range(1, SYNTHETIC_VOCAB + 1)))
-            self._tables[s] = [(r, -s * math.log(r) - log_z) for r in range(1, 64)]
-        return self._tables[s][:count]
+            tables[s] = [(r, -s * math.log(r) - log_z) for r in range(1, 64)]
+        return tables[s][:2 * width]
 
-    def forward(self, work, width: int, temperature: float):
-        self.result.cow_copies += len(self.policy.drain_copies())
-        self.result.record(self.policy)
-        return [self._candidates(self.rng.choice(STEEPNESS), 2 * width) for _ in work]
+    return candidates
 
 
 def simulate_beam(policy: SharedPolicy, requests: list[Request], width: int, seed: int = 0) -> SharingResult:
-    """Every request runs a beam search of this width for its trace output length."""
+    """Every request runs a beam search of this width for its trace output length, in the engine core
+    with synthetic next-token log-probabilities (``synthetic_candidates``)."""
+    from minipaged.runner import SyntheticRunner
+
     if policy.seq_ids():
         raise ValueError("policy must be empty when the simulation starts")
     if 2 * width > 63:
         raise ValueError(f"width={width} is too large for the synthetic model (at most 31)")
     result = SharingResult("beam", width, len(requests), policy.block_size)
-    backend = SyntheticBeams(policy, result, seed)
-    search = BeamSearch(backend, BeamSearchParams(beam_width=width, max_tokens=policy.max_model_len),
-                        eos_token_id=None, max_num_seqs=1 << 30)
-    outputs = search.run([[0] * r.prompt_len for r in requests], policy.max_model_len, tokenizer=None,
-                         max_tokens=[r.output_len for r in requests])
+    core = _core(policy, SyntheticRunner(policy, candidates_of=synthetic_candidates(seed)))
+    params = BeamSearchParams(beam_width=width, max_tokens=policy.max_model_len)
+    for r in requests:
+        core.add_beam_request(str(r.request_id), [0] * r.prompt_len, params, max_tokens=r.output_len)
+    _run(core, result)
+    outputs = [req.beam.output for req in core.requests.values()]
     result.refused = sum(o.refused is not None for o in outputs)
     result.finished = len(outputs) - result.refused
-    result.forks, result.preemptions = backend.stats["forks"], backend.stats["preemptions"]
     return result
 
 

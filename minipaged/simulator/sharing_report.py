@@ -89,6 +89,6 @@ def run_sharing(args) -> int:
 
         os.makedirs(args.plot_dir, exist_ok=True)
         path = os.path.join(args.plot_dir, "memory_saved.png")
-        plot_memory_saved(rows, path=path)
+        plot_memory_saved(rows, path=path, paper=PAPER_ALPACA_SAVED)
         print(f"\nsaved {path}")
     return 0

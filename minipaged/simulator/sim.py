@@ -28,6 +28,12 @@ Measures (``SimulationResult``):
     fragmentation_blocked_steps  loaded steps where the head could not be admitted although all
                       free memory together would hold it (external fragmentation > 0).
 
+Why this loop is not the engine core's (core.py, which the later simulators run with a synthetic
+runner): chapters 01-04 compare memory layouts, not schedulers. Here every policy, the reserving
+ones included, sees the same trace with arrivals over time, the same one-token steps and the same
+crude preemption, so that the only thing that differs between two runs is where the K/V goes; and
+each step's snapshot (which request owns which slot) is what the memory-map figures draw.
+
 Not modelled: time per step (a step is one token for everyone), prefill cost, chunked prefill,
 sharing, swapping; preemption here is the crudest possible (chapter 06 does it properly).
 """
@@ -38,12 +44,12 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from minipaged.kv import KVPolicy, NoFreeMemory, Usage
+from minipaged.kv.base import EXTERNAL, FREE, INTERNAL, RESERVED, TOKEN  # noqa: F401  (the states it draws)
 from minipaged.simulator.workloads import Request
 
 USAGE_TERMS = ("tokens", "reserved", "internal", "external", "free")
 
 # Cell states in a memory-map timeline.
-FREE, TOKEN, RESERVED, INTERNAL, EXTERNAL = 0, 1, 2, 3, 4
 
 
 @dataclass

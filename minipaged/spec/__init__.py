@@ -7,8 +7,9 @@
     config.py    vLLM's ``speculative_config`` dict, checked
 
 The scheduler (scheduler/speculative.py) asks the proposer for each decoding sequence's draft and
-plans slots for it; the engine (paged_engine.py) computes the sequence's next token and its draft in
-one pass, verifies, and gives back the K/V slots of the rejected tokens (``policy.truncate``).
+plans slots for it; the model runner (runner.py) computes the sequence's next token and its draft in
+one pass, and the engine core (core.py) verifies them and gives back the K/V slots of the rejected
+tokens (``policy.truncate``).
 """
 
 from minipaged.spec.config import SpeculativeConfig

@@ -3,6 +3,7 @@
 import pytest
 
 from minipaged import LLM, CompletionOutput, RequestOutput, SamplingParams
+from minipaged.metrics import find
 
 
 def test_sampling_params_defaults_are_vllms():
@@ -66,10 +67,13 @@ def test_stop_token_ids_outside_vocab_rejected(tiny_llm):
 
 
 def test_a_rejected_batch_does_no_work(tiny_llm):
-    before = tiny_llm.engine.stats["forward_passes"]
+    def passes():
+        return find(tiny_llm.get_metrics(), "forward_passes").value
+
+    before = passes()
     with pytest.raises(ValueError):
         tiny_llm.generate(["fine", ""], SamplingParams(max_tokens=3), use_tqdm=False)
-    assert tiny_llm.engine.stats["forward_passes"] == before
+    assert passes() == before
     assert tiny_llm.generate("fine", SamplingParams(max_tokens=3), use_tqdm=False)[0].outputs[0].token_ids
 
 

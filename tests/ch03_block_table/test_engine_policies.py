@@ -17,7 +17,7 @@ CONFIGS = [(p, r) for p in POLICIES for r in (["max", "pow2", "oracle"] if p != 
 
 @pytest.fixture(scope="module")
 def oracle_outputs():
-    llm = LLM("tiny", max_model_len=256, progress=False)
+    llm = LLM("tiny", kv_policy="per_request", max_model_len=256, progress=False)
     return [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY, use_tqdm=False)]
 
 
@@ -32,9 +32,10 @@ def assert_clean(llm):
 def test_same_greedy_tokens_as_per_request(oracle_outputs, policy, reservation):
     llm = LLM("tiny", kv_policy=policy, reservation=reservation, kv_capacity_tokens=4096, max_model_len=256,
               progress=False)
-    outs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
+    with llm.engine.metrics.recording() as rec:
+        outs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outs] == oracle_outputs
-    assert llm.engine.stats["max_running"] == len(PROMPTS)  # they really ran batched
+    assert max(rec.series("batch_size")) == len(PROMPTS)  # they really ran batched
     assert_clean(llm)
 
 
@@ -43,10 +44,11 @@ def test_small_pool_queues_requests_and_still_agrees(oracle_outputs, policy, res
     # room for about two max-length reservations: requests must wait for each other
     llm = LLM("tiny", kv_policy=policy, reservation=reservation, kv_capacity_tokens=512, max_model_len=256,
               block_size=8, progress=False)
-    outs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
+    with llm.engine.metrics.recording() as rec:
+        outs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outs] == oracle_outputs
     if policy != "on_demand" and reservation == "max":
-        assert llm.engine.stats["max_running"] == 2  # two 256-token slabs in 512 slots
+        assert max(rec.series("batch_size")) == 2  # two 256-token slabs in 512 slots
     assert_clean(llm)
 
 
@@ -83,7 +85,7 @@ def test_bad_pool_options_are_value_errors():
 
 def test_n_samples_and_seeds_match_per_request():
     params = SamplingParams(n=3, temperature=0.9, seed=11, max_tokens=16, ignore_eos=True)
-    ref = LLM("tiny", progress=False).generate(PROMPTS[:2], params, use_tqdm=False)
+    ref = LLM("tiny", kv_policy="per_request", progress=False).generate(PROMPTS[:2], params, use_tqdm=False)
     got = LLM("tiny", kv_policy="on_demand", progress=False).generate(PROMPTS[:2], params, use_tqdm=False)
     assert [[c.token_ids for c in o.outputs] for o in got] == [[c.token_ids for c in o.outputs] for o in ref]
 
@@ -96,15 +98,17 @@ def test_real_model_same_tokens_under_every_policy(real_llm):
     questions = ["What is the capital of France?", "Name three colors.", "Write one line about the sea."]
     prompts = [tok.apply_chat_template([{"role": "user", "content": q}]) for q in questions]
     params = SamplingParams(temperature=0, max_tokens=24)
-    per_request = [real_llm.generate([p], params, use_tqdm=False)[0].outputs[0].token_ids for p in prompts]
+    reference = LLM("smollm2-135m", kv_policy="per_request", progress=False)
+    per_request = [reference.generate([p], params, use_tqdm=False)[0].outputs[0].token_ids for p in prompts]
     batched = {}
     for policy in POLICIES:
         llm = LLM("smollm2-135m", kv_policy=policy, kv_capacity_tokens=2048, max_model_len=512, progress=False)
         if policy == "on_demand":
             alone = [llm.generate([p], params, use_tqdm=False)[0].outputs[0].token_ids for p in prompts]
             assert alone == per_request
-        batched[policy] = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
-        assert llm.engine.stats["max_running"] == len(prompts)
+        with llm.engine.metrics.recording() as rec:
+            batched[policy] = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+        assert max(rec.series("batch_size")) == len(prompts)
         assert_clean(llm)
     assert all(tokens == batched["on_demand"] for tokens in batched.values()), batched
     assert "Paris" in tok.decode(batched["on_demand"][0])

@@ -5,8 +5,10 @@ Three oracles:
       function of the token history. The shared search reads that history back through its block
       tables from a paged memory (copies on write included), so any sharing bug changes the result;
     * the per-request engine: every beam keeps private K/V tensors, cloned in full when beams
-      branch (``LLM(kv_policy="per_request").beam_search``). It batches the beams exactly as the
-      shared search does, so the two compute the same floating-point numbers: equal, not close;
+      branch (``LLM(kv_policy="per_request").beam_search``). It runs one request at a time; given
+      one prompt at a time, the shared search batches its beams exactly as it does, so the two
+      compute the same floating-point numbers: equal, not close. Several prompts at once, the shared
+      search batches them together, which changes only the rounding;
     * greedy decoding, which beam width 1 must reproduce (with ignore_eos).
 """
 
@@ -18,15 +20,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from minipaged import LLM, SamplingParams
-from minipaged.beam_search import (
-    BeamSearch,
-    BeamSearchOutput,
-    BeamSearchParams,
-    PolicyBeams,
-    beam_score,
-    worst_case_blocks,
-)
+from minipaged.beam_search import BeamSearchOutput, BeamSearchParams, beam_score, worst_case_blocks
+from minipaged.config import EngineArgs
+from minipaged.core import EngineCore
 from minipaged.kv import SharedPolicy
+from minipaged.metrics import find
+from minipaged.runner import SyntheticRunner
 
 TOY_VOCAB, TOY_EOS = 9, 0
 
@@ -58,27 +57,41 @@ def naive_beam_search(prompt, width, max_tokens, ignore_eos, length_penalty):
     return sorted(complete + beams, key=lambda c: score(*c), reverse=True)[:width]
 
 
-class ToyPagedBeams(PolicyBeams):
-    """Beams in a "shared" policy whose "K/V" is the token id itself, stored slot by slot. The toy
-    model reads each beam's history through its block table, after the copies on write are made."""
+class ToyRunner(SyntheticRunner):
+    """A runner for the engine core over a "shared" policy whose "K/V" is the token id itself, stored
+    slot by slot. The toy model reads each beam's history through its block table, after the copies
+    on write are made."""
 
     def __init__(self, policy):
         super().__init__(policy)
         self.memory = {}
 
-    def forward(self, work, width, temperature):
+    def execute(self, plan):
         bs = self.policy.block_size
         for src, dst in self.policy.drain_copies():
             for offset in range(bs):
                 self.memory[dst * bs + offset] = self.memory.get(src * bs + offset)
-        for _, new, _, slots in work:
-            for slot in slots:
+        for work in plan.work:
+            for slot in work.slots:
                 assert self.policy.ref_count(slot // bs) == 1, "a write into a shared block"
-            self.memory.update(zip(slots, new))
+            self.memory.update(zip(work.slots, work.tokens))
+            self.policy.commit_tokens(work.seq.seq_id, work.tokens)
         self.policy.check_invariants()
-        self.stats["steps"] += 1
-        return [toy_logprobs([self.memory[s] for s in self.policy.token_slots(kv_id)])[:2 * width]
-                for kv_id, *_ in work]
+        return [[[self.memory[s] for s in self.policy.token_slots(work.seq.seq_id)]] for work in plan.work]
+
+    def beam_candidates(self, rows, width, temperature):
+        return [toy_logprobs(history)[:2 * width] for history in rows]
+
+
+def toy_beam_search(policy, prompts, params):
+    """Beam search in the engine core (its scheduler, forks, frees and preemption) over the toy model."""
+    args = EngineArgs(model="toy", kv_policy="shared", block_size=policy.block_size,
+                      kv_capacity_tokens=policy.num_slots, watermark=0).validate()
+    core = EngineCore(args, policy, ToyRunner(policy), None, TOY_EOS, policy.max_model_len)
+    requests = [core.add_beam_request(str(i), prompt, params) for i, prompt in enumerate(prompts)]
+    while core.has_unfinished_requests():
+        core.step()
+    return [r.beam.output for r in requests]
 
 
 @settings(max_examples=60, deadline=None)
@@ -88,10 +101,9 @@ class ToyPagedBeams(PolicyBeams):
 def test_shared_search_equals_a_naive_one(prompts, width, max_tokens, ignore_eos, length_penalty, num_blocks):
     """Random prompts and pool sizes: small pools preempt (and restart) requests; too small ones refuse."""
     policy = SharedPolicy(num_blocks * 2, block_size=2, max_model_len=32, watermark=0)
-    backend = ToyPagedBeams(policy)
     params = BeamSearchParams(beam_width=width, max_tokens=max_tokens, ignore_eos=ignore_eos,
                               length_penalty=length_penalty)
-    outputs = BeamSearch(backend, params, TOY_EOS).run(prompts, 32, tokenizer=None)
+    outputs = toy_beam_search(policy, prompts, params)
     for prompt, out in zip(prompts, outputs):
         worst = worst_case_blocks(len(prompt), max_tokens, width, 2)
         if worst > num_blocks:
@@ -113,6 +125,19 @@ def beams(outs):
     return [[(s.tokens, s.cum_logprob, s.text, s.finish_reason) for s in o.sequences] for o in outs]
 
 
+def one_by_one(llm, prompts, params):
+    """Each prompt's beam search alone, so the shared and the private search run the same batches."""
+    return [out for p in prompts for out in llm.beam_search([p], params)]
+
+
+def assert_equal_up_to_rounding(got, want):
+    """The same beams, texts and finish reasons; log-probabilities equal but for float rounding."""
+    assert [[(s.tokens, s.text, s.finish_reason) for s in o.sequences] for o in got] == [
+        [(s.tokens, s.text, s.finish_reason) for s in o.sequences] for o in want]
+    assert [s.cum_logprob for o in got for s in o.sequences] == pytest.approx(
+        [s.cum_logprob for o in want for s in o.sequences], rel=1e-5)
+
+
 def assert_clean(llm):
     policy = llm.engine.kv
     policy.check_invariants()
@@ -122,33 +147,40 @@ def assert_clean(llm):
 
 @pytest.fixture(scope="module")
 def per_request():
-    return LLM("tiny", max_model_len=256, progress=False)
+    return LLM("tiny", kv_policy="per_request", max_model_len=256, progress=False)
 
 
 @pytest.fixture(scope="module")
 def shared():
-    return LLM("tiny", kv_policy="shared", kv_capacity_tokens=4096, block_size=8, max_model_len=256, progress=False)
+    # the reference attention: the batched backend computes the same math with other rounding, and
+    # these tests compare floats with the private beams' exactly
+    return LLM("tiny", kv_policy="shared", attention_backend="torch", kv_capacity_tokens=4096, block_size=8,
+               max_model_len=256, progress=False)
 
 
 @pytest.mark.parametrize("width", [1, 2, 4])
 def test_shared_beams_equal_private_beams_exactly(per_request, shared, width):
     params = BeamSearchParams(beam_width=width, max_tokens=24)
-    ref = per_request.beam_search(PROMPTS, params)
-    got = shared.beam_search(PROMPTS, params)
+    ref = one_by_one(per_request, PROMPTS, params)
+    got = one_by_one(shared, PROMPTS, params)
     assert beams(got) == beams(ref)  # tokens, cum_logprob (==, not approx), text, finish reason
     assert all(len(o.sequences) == width for o in got)
     if width == 4:
         assert any(s.finish_reason == "stop" for o in got for s in o.sequences), "no beam ended on EOS"
+    # all the prompts at once: the requests' beams batched together in the shared pool
+    assert_equal_up_to_rounding(shared.beam_search(PROMPTS, params), ref)
     assert_clean(shared)
 
 
 def test_beams_share_fork_copy_and_save_memory(shared):
-    before = dict(shared.engine.stats)
-    shared.engine.stats.update(blocks_physical=[], blocks_logical=[])
-    shared.beam_search(PROMPTS, BeamSearchParams(beam_width=4, max_tokens=24))
-    stats = shared.engine.stats
-    assert stats["forks"] > before["forks"] and stats["block_copies"] > before["block_copies"]
-    physical, logical = sum(stats["blocks_physical"]), sum(stats["blocks_logical"])
+    def copies():
+        return find(shared.get_metrics(), "block_copies").value
+
+    forks_before, copies_before = shared.engine.stats.get("forks", 0), copies()
+    with shared.engine.metrics.recording() as rec:
+        shared.beam_search(PROMPTS, BeamSearchParams(beam_width=4, max_tokens=24))
+    assert shared.engine.stats["forks"] > forks_before and copies() > copies_before
+    physical, logical = sum(rec.series("blocks_physical")), sum(rec.series("blocks_logical"))
     assert physical < 0.75 * logical  # four beams hold far less than four private copies
     assert_clean(shared)
 
@@ -194,7 +226,8 @@ def test_a_small_pool_restarts_requests_and_leaks_nothing(shared):
 
 def test_a_request_that_can_never_fit_is_refused_and_the_rest_served(shared):
     # 32 blocks of 8: four beams of 3 + 60 tokens may need all 32; 59 + 60 tokens may need 39
-    llm = LLM("tiny", kv_policy="shared", kv_capacity_tokens=256, block_size=8, max_model_len=256, progress=False)
+    llm = LLM("tiny", kv_policy="shared", attention_backend="torch", kv_capacity_tokens=256, block_size=8,
+              max_model_len=256, progress=False)
     params = BeamSearchParams(beam_width=4, max_tokens=60, ignore_eos=True)
     outs = llm.beam_search([list(range(1, 60)), PROMPTS[0]], params)
     assert outs[0].sequences == [] and "pool" in outs[0].refused
@@ -227,10 +260,14 @@ def test_real_model_shared_beams_equal_private_beams(real_llm):
     prompts = [tok.apply_chat_template([{"role": "user", "content": q}])
                for q in ("What is the capital of France?", "Name a fruit that is yellow.")]
     params = BeamSearchParams(beam_width=3, max_tokens=16)
-    llm = LLM("smollm2-135m", kv_policy="shared", kv_capacity_tokens=4096, max_model_len=512, progress=False)
-    got = llm.beam_search(prompts, params)
-    assert beams(got) == beams(real_llm.beam_search(prompts, params))
+    llm = LLM("smollm2-135m", kv_policy="shared", attention_backend="torch", kv_capacity_tokens=4096,
+              max_model_len=512, progress=False)
+    per_request = LLM("smollm2-135m", kv_policy="per_request", max_model_len=512, progress=False)
+    with llm.engine.metrics.recording() as rec:
+        got = one_by_one(llm, prompts, params)
+    ref = one_by_one(per_request, prompts, params)
+    assert beams(got) == beams(ref)
+    assert_equal_up_to_rounding(llm.beam_search(prompts, params), ref)  # both prompts batched together
     assert "Paris" in got[0].sequences[0].text
-    assert llm.engine.stats["forks"] > 0 and sum(llm.engine.stats["blocks_physical"]) < sum(
-        llm.engine.stats["blocks_logical"])
+    assert llm.engine.stats["forks"] > 0 and sum(rec.series("blocks_physical")) < sum(rec.series("blocks_logical"))
     assert_clean(llm)

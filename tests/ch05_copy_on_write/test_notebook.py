@@ -226,16 +226,22 @@ def test_section_4_parallel_sampling_as_the_text_says(sampling):
     prompts, params = sampling["prompts"], sampling["params"]
     prompt_tokens, n = sum(len(p) for p in prompts), params.n
     decode = len(prompts) * n * (params.max_tokens - 1)  # the first token comes from the prefill's logits
-    shared, unshared = sampling["shared"].engine.stats, sampling["unshared"].engine.stats
-    assert shared["tokens_computed"] == prompt_tokens + decode
-    assert unshared["tokens_computed"] == n * prompt_tokens + decode
-    assert shared["forks"] == shared["block_copies"] == len(prompts) * (n - 1)
+    from minipaged.metrics import find
+
+    shared, unshared = sampling["shared"], sampling["unshared"]
+    computed = {name: find(llm.get_metrics(), "tokens_computed").value for name, llm in
+                (("shared", shared), ("unshared", unshared))}
+    assert computed["shared"] == prompt_tokens + decode
+    assert computed["unshared"] == n * prompt_tokens + decode
+    copies = find(shared.get_metrics(), "block_copies").value
+    assert shared.engine.stats["forks"] == copies == len(prompts) * (n - 1)
     bs = sampling["shared"].engine.policy.block_size
     assert all(len(p) % bs for p in prompts), "each prompt must end in a partly filled block"
     text = markdown()
     assert f"({prompt_tokens} prompt tokens instead of {n} x {prompt_tokens})" in text
     assert f"({' and '.join(str(len(p)) for p in prompts)} tokens in blocks of {bs})" in text
-    assert sum(shared["blocks_physical"]) < sum(shared["blocks_logical"])
+    rec = sampling["rec"]  # the notebook's recorder of the shared run's forward passes
+    assert sum(rec.series("blocks_physical")) < sum(rec.series("blocks_logical"))
 
 
 def test_section_6_facts_the_text_states():

@@ -7,6 +7,7 @@ that sample (``sample_seed(seed, index)``), run by chapter 00's per-request engi
 import pytest
 
 from minipaged import LLM, SamplingParams
+from minipaged.metrics import find
 from minipaged.sampling import sample_seed
 
 PROMPTS = [[1, 2, 3], [7, 8, 9, 10, 11, 12], [42] * 20, list(range(30, 70))]
@@ -21,12 +22,13 @@ def assert_clean(llm):
     policy.check_invariants()
     usage = policy.usage()
     assert usage.free == usage.total and usage.num_seqs == 0, f"KV memory left allocated: {usage}"
-    assert policy.pending_copies() == []
+    if policy.shares_blocks:  # only a sharing policy copies blocks on write
+        assert policy.pending_copies() == []
 
 
 @pytest.fixture(scope="module")
 def per_request():
-    return LLM("tiny", max_model_len=256, progress=False)
+    return LLM("tiny", kv_policy="per_request", max_model_len=256, progress=False)
 
 
 def shared_llm(**kw):
@@ -51,20 +53,22 @@ def test_the_prompt_is_prefilled_once_and_its_blocks_are_shared(per_request):
     params = SamplingParams(n=3, temperature=0.8, seed=5, max_tokens=12, ignore_eos=True)
     shared, unshared = shared_llm(), LLM("tiny", kv_policy="on_demand", kv_capacity_tokens=4096,
                                          max_model_len=256, block_size=8, progress=False)
-    a = shared.generate(PROMPTS, params, use_tqdm=False)
+    with shared.engine.metrics.recording() as rec:
+        a = shared.generate(PROMPTS, params, use_tqdm=False)
     b = unshared.generate(PROMPTS, params, use_tqdm=False)
     assert outputs(a) == outputs(b)
     prompt_tokens = sum(len(p) for p in PROMPTS)
     decode_tokens = len(PROMPTS) * 3 * (12 - 1)  # the first token comes from the prefill's logits
-    assert shared.engine.stats["tokens_computed"] == prompt_tokens + decode_tokens
-    assert unshared.engine.stats["tokens_computed"] == 3 * prompt_tokens + decode_tokens
-    stats = shared.engine.stats
-    assert stats["forks"] == 2 * len(PROMPTS)
+    assert find(shared.get_metrics(), "tokens_computed").value == prompt_tokens + decode_tokens
+    assert find(unshared.get_metrics(), "tokens_computed").value == 3 * prompt_tokens + decode_tokens
+    assert shared.engine.stats["forks"] == 2 * len(PROMPTS)
     # a prompt that ends in a partly filled block: each fork copies that block on its first write
     partial = sum(len(p) % 8 != 0 for p in PROMPTS)
-    assert stats["block_copies"] == 2 * partial
-    assert all(p <= q for p, q in zip(stats["blocks_physical"], stats["blocks_logical"]))
-    assert sum(stats["blocks_physical"]) < sum(stats["blocks_logical"])
+    assert find(shared.get_metrics(), "block_copies").value == 2 * partial
+    physical, logical = rec.series("blocks_physical"), rec.series("blocks_logical")
+    assert len(physical) == len(logical) > 0
+    assert all(p <= q for p, q in zip(physical, logical))
+    assert sum(physical) < sum(logical)
     assert_clean(shared)
 
 
@@ -123,10 +127,22 @@ def test_a_small_pool_preempts_samples_and_still_agrees(per_request):
     assert_clean(llm)
 
 
-def test_forks_need_a_sharing_policy():
-    llm = LLM("tiny", kv_policy="on_demand", progress=False)
-    with pytest.raises(ValueError, match="shared"):
-        llm.engine.run([], {}, forks={0: [object()]})
+def test_without_a_sharing_policy_the_samples_run_as_independent_sequences():
+    """A policy that cannot share blocks (on_demand) cannot fork: the n samples of a request are n
+    sequences, each prefilled on its own, and they give the same seeded outputs as the forks do."""
+    params = SamplingParams(n=3, temperature=0.8, seed=7, max_tokens=10, ignore_eos=True)
+    prompt = PROMPTS[1]
+    unshared = LLM("tiny", kv_policy="on_demand", kv_capacity_tokens=4096, max_model_len=256, block_size=8,
+                   progress=False)
+    got = outputs(unshared.generate([prompt], params, use_tqdm=False))
+    assert unshared.engine.stats.get("forks", 0) == 0
+    # the prompt is computed once per sample; each sample's first token comes from its own prefill
+    assert find(unshared.get_metrics(), "tokens_computed").value == 3 * len(prompt) + 3 * (10 - 1)
+    assert len({tuple(t) for t in got[0]}) == 3  # three samples, really drawn apart
+    shared = shared_llm()
+    assert outputs(shared.generate([prompt], params, use_tqdm=False)) == got
+    assert shared.engine.stats["forks"] == 2  # the same request forks under a sharing policy
+    assert_clean(unshared)
 
 
 @pytest.mark.slow
@@ -135,8 +151,9 @@ def test_real_model_n_samples_equal_separate_requests(real_llm):
     prompt = tok.apply_chat_template([{"role": "user", "content": "Give me a name for a cat."}])
     params = SamplingParams(n=3, temperature=0.8, seed=4, max_tokens=16)
     llm = LLM("smollm2-135m", kv_policy="shared", kv_capacity_tokens=2048, max_model_len=512, progress=False)
+    per_request = LLM("smollm2-135m", kv_policy="per_request", max_model_len=512, progress=False)
     got = [c.token_ids for c in llm.generate(prompt, params, use_tqdm=False)[0].outputs]
-    separate = [real_llm.generate(prompt, SamplingParams(temperature=0.8, seed=sample_seed(4, i), max_tokens=16),
+    separate = [per_request.generate(prompt, SamplingParams(temperature=0.8, seed=sample_seed(4, i), max_tokens=16),
                                   use_tqdm=False)[0].outputs[0].token_ids for i in range(3)]
     assert got == separate
     assert llm.engine.stats["forks"] == 2

@@ -16,13 +16,15 @@ def alpaca():
 
 
 def test_parallel_sampling_by_hand():
-    """One 20-token prompt, blocks of 16, two samples of 4 tokens each. After the fork both hold
-    [full block, 4-token block]; the first write copies the 4-token block. From then on each step
-    holds 3 distinct blocks where unshared sequences would hold 4: 25% saved, over 4 steps."""
+    """One 20-token prompt, blocks of 16, two samples of 4 tokens each. Step 1 prefills the prompt
+    once: [full block, 4-token block], 2 blocks, nothing shared yet; the second sample is forked from
+    it after the step. In step 2 each sample writes its first token: the first write copies the
+    4-token block. From then on each step holds 3 distinct blocks where unshared sequences would
+    hold 4: over 4 steps, 2 + 3 + 3 + 3 = 11 blocks against 14, 3/14 saved."""
     request = Request(0, 0, prompt_len=20, output_len=4, max_tokens=4)
     result = simulate_parallel(SharedPolicy(160, block_size=16, max_model_len=64), [request], n=2)
-    assert (result.steps, result.physical_block_steps, result.logical_block_steps) == (4, 12, 16)
-    assert result.saved_fraction == 0.25 and result.forks == 1 and result.cow_copies == 1
+    assert (result.steps, result.physical_block_steps, result.logical_block_steps) == (4, 11, 14)
+    assert result.saved_fraction == 1 - 11 / 14 and result.forks == 1 and result.cow_copies == 1
     assert result.finished == 2
 
 

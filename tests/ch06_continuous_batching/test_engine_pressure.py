@@ -8,6 +8,7 @@ the same engine with a pool large enough that nothing is ever preempted.
 import pytest
 
 from minipaged import LLM, SamplingParams
+from minipaged.metrics import find
 
 PROMPTS = [[1, 2, 3], [7, 8, 9, 10, 11, 12], [42] * 20, [100, 200], list(range(30, 70)), [5] * 9, [9, 8, 7, 6]]
 GREEDY = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
@@ -95,12 +96,15 @@ def test_static_batches_run_smaller_than_continuous_ones():
     for name in ("static", "continuous"):
         llm = LLM("tiny", kv_policy="on_demand", kv_capacity_tokens=1024, block_size=4, max_model_len=128,
                   max_num_seqs=4, scheduler=name, progress=False)
-        runs[name] = (tokens(llm.generate(prompts, params, use_tqdm=False)), llm.engine.stats)
+        with llm.engine.metrics.recording() as rec:
+            outs = tokens(llm.generate(prompts, params, use_tqdm=False))
+        runs[name] = (outs, find(llm.get_metrics(), "forward_passes").value, rec.series("batch_size"))
         assert_clean(llm)
     assert runs["static"][0] == runs["continuous"][0]
-    static, continuous = runs["static"][1], runs["continuous"][1]
-    assert continuous["forward_passes"] < static["forward_passes"]
-    mean = {k: sum(s["batch_sizes"]) / len(s["batch_sizes"]) for k, s in (("s", static), ("c", continuous))}
+    (_, static_passes, static_sizes), (_, continuous_passes, continuous_sizes) = runs["static"], runs["continuous"]
+    assert continuous_passes < static_passes
+    assert len(static_sizes) == static_passes and len(continuous_sizes) == continuous_passes  # a record per step
+    mean = {"s": sum(static_sizes) / len(static_sizes), "c": sum(continuous_sizes) / len(continuous_sizes)}
     assert mean["c"] > mean["s"]
 
 

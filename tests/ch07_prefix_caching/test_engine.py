@@ -7,6 +7,7 @@ import pytest
 
 from minipaged import LLM, SamplingParams
 from minipaged.beam_search import BeamSearchParams
+from minipaged.metrics import find
 
 rng = random.Random(7)
 SYSTEM = [rng.randrange(1, 250) for _ in range(37)]  # a "system prompt" every request starts with
@@ -15,8 +16,15 @@ GREEDY = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
 
 
 def make(cache: bool, **kw):
-    options = dict(kv_policy="shared", kv_capacity_tokens=4096, block_size=4, max_model_len=128, progress=False)
+    # the reference attention unless a test asks for another (test_the_batched_backend_agrees)
+    options = dict(kv_policy="shared", kv_capacity_tokens=4096, block_size=4, max_model_len=128,
+                   attention_backend="torch", progress=False)
     return LLM("tiny", enable_prefix_caching=cache, **{**options, **kw})
+
+
+def computed(llm):
+    """Tokens run through the model over the LLM's lifetime (prompts, recomputed ones, decodes)."""
+    return find(llm.get_metrics(), "tokens_computed").value
 
 
 def tokens(outs):
@@ -40,7 +48,7 @@ def assert_clean(llm):
 def cold():
     llm = make(False)
     outs = one_by_one(llm, PROMPTS)
-    return tokens(outs), llm.engine.stats["tokens_computed"]
+    return tokens(outs), computed(llm)
 
 
 def test_requests_one_after_another_reuse_the_system_prompt(cold):
@@ -50,7 +58,7 @@ def test_requests_one_after_another_reuse_the_system_prompt(cold):
     full_blocks = len(SYSTEM) // 4 * 4  # 36 of the 37 system-prompt tokens lie in full blocks
     assert outs[0].num_cached_tokens == 0
     assert all(o.num_cached_tokens >= full_blocks for o in outs[1:])
-    saved = cold[1] - llm.engine.stats["tokens_computed"]
+    saved = cold[1] - computed(llm)
     assert saved == sum(o.num_cached_tokens for o in outs) >= 7 * full_blocks
     assert llm.engine.policy.hit_rate() > 0.5
     assert_clean(llm)
@@ -62,7 +70,7 @@ def test_a_cold_batch_computes_the_shared_system_prompt_once(cold):
     assert tokens(outs) == cold[0] == tokens(plain.generate(PROMPTS, GREEDY, use_tqdm=False))
     assert outs[0].num_cached_tokens == 0, "the first prompt computes the system prompt ..."
     assert all(o.num_cached_tokens >= 36 for o in outs[1:]), "... the others find its blocks in the same step"
-    saved = plain.engine.stats["tokens_computed"] - llm.engine.stats["tokens_computed"]
+    saved = computed(plain) - computed(llm)
     assert saved == sum(o.num_cached_tokens for o in outs)
     assert_clean(llm)
 
@@ -99,7 +107,7 @@ def test_recompute_after_preemption_finds_its_own_blocks_again():
     assert tokens(llm.generate(PROMPTS, GREEDY, use_tqdm=False)) == tokens(plain.generate(PROMPTS, GREEDY,
                                                                                           use_tqdm=False))
     assert llm.engine.stats["preempted_recompute"] > 0
-    assert llm.engine.stats["tokens_computed"] < plain.engine.stats["tokens_computed"]
+    assert computed(llm) < computed(plain)
 
 
 def test_parallel_samples_and_beam_search_are_unchanged():
@@ -165,12 +173,14 @@ def test_an_interrupted_beam_search_gives_its_blocks_back():
 def test_the_token_budget_counts_only_what_a_request_computes():
     budget = len(SYSTEM) + 20  # room for one cold prompt a step, or several warm ones
     llm, plain = make(True, max_num_batched_tokens=budget), make(False, max_num_batched_tokens=budget)
-    for engine in (llm, plain):
+    batch_sizes = {}
+    for name, engine in (("llm", llm), ("plain", plain)):
         engine.generate([SYSTEM + [1]], SamplingParams(temperature=0, max_tokens=1), use_tqdm=False)
-        engine.engine.stats["batch_sizes"].clear()
-        engine.generate(PROMPTS, GREEDY, use_tqdm=False)
-    assert plain.engine.stats["batch_sizes"][0] == 1, "cold, each prompt fills the step's budget alone"
-    assert llm.engine.stats["batch_sizes"][0] >= 3, "warm, several prompts fit the budget in one step"
+        with engine.engine.metrics.recording() as rec:
+            engine.generate(PROMPTS, GREEDY, use_tqdm=False)
+        batch_sizes[name] = rec.series("batch_size")
+    assert batch_sizes["plain"][0] == 1, "cold, each prompt fills the step's budget alone"
+    assert batch_sizes["llm"][0] >= 3, "warm, several prompts fit the budget in one step"
 
 
 def test_the_batched_backend_agrees(cold):
@@ -181,7 +191,7 @@ def test_the_batched_backend_agrees(cold):
 def test_bad_configuration_says_what_is_allowed():
     with pytest.raises(ValueError, match="enable_prefix_caching=True needs kv_policy='shared'"):
         LLM("tiny", enable_prefix_caching=True, kv_policy="on_demand", progress=False)
-    with pytest.raises(ValueError, match="enable_prefix_caching must be True or False"):
+    with pytest.raises(ValueError, match=r"enable_prefix_caching='yes' is not allowed: True or False"):
         LLM("tiny", enable_prefix_caching="yes", kv_policy="shared", progress=False)
     llm = LLM("tiny", kv_policy="prefix_caching", progress=False)  # the same policy by its own name
     assert llm.engine.policy.caches_prefixes

@@ -8,6 +8,7 @@ import pytest
 
 from minipaged import LLM, SamplingParams
 from minipaged.beam_search import BeamSearchParams
+from minipaged.metrics import find
 
 rng = random.Random(8)
 LONG = [rng.randrange(1, 250) for _ in range(150)]  # a "document" far longer than any budget below
@@ -20,6 +21,18 @@ def make(chunked: bool, budget=None, **kw):
     options = dict(kv_policy="on_demand", kv_capacity_tokens=2048, block_size=4, max_model_len=256,
                    max_num_seqs=4, progress=False)
     return LLM("tiny", enable_chunked_prefill=chunked, max_num_batched_tokens=budget, **{**options, **kw})
+
+
+def computed(llm):
+    """Tokens run through the model over the LLM's lifetime (prompts, recomputed ones, decodes)."""
+    return find(llm.get_metrics(), "tokens_computed").value
+
+
+def generate(llm, prompts, params):
+    """(outputs, tokens computed in each engine step of this call)."""
+    with llm.engine.metrics.recording() as rec:
+        outs = llm.generate(prompts, params, use_tqdm=False)
+    return outs, rec.series("num_tokens")
 
 
 def tokens(outs):
@@ -37,25 +50,25 @@ def assert_clean(llm):
 @pytest.fixture(scope="module")
 def whole():
     """The oracle: prompts prefilled whole, by the per-request engine, one sequence at a time."""
-    llm = LLM("tiny", progress=False, max_model_len=256)
+    llm = LLM("tiny", kv_policy="per_request", progress=False, max_model_len=256)
     return tokens(llm.generate(PROMPTS, GREEDY, use_tqdm=False))
 
 
 @pytest.mark.parametrize("budget", [4, 7, 16, 64])
 def test_chunked_outputs_equal_whole_prefill_and_stay_within_the_budget(whole, budget):
     llm = make(True, budget)
-    outs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
+    outs, step_tokens = generate(llm, PROMPTS, GREEDY)
     assert tokens(outs) == whole
-    stats = llm.engine.stats
-    assert max(stats["step_tokens"]) <= budget
-    assert stats["tokens_computed"] == sum(len(p) + 15 for p in PROMPTS), "every token computed exactly once"
+    assert max(step_tokens) <= budget
+    assert computed(llm) == sum(len(p) + 15 for p in PROMPTS), "every token computed exactly once"
     assert_clean(llm)
 
 
 def test_without_chunks_a_long_prompt_makes_a_long_step(whole):
     llm = make(False)
-    assert tokens(llm.generate(PROMPTS, GREEDY, use_tqdm=False)) == whole
-    assert max(llm.engine.stats["step_tokens"]) >= len(LONG)
+    outs, step_tokens = generate(llm, PROMPTS, GREEDY)
+    assert tokens(outs) == whole
+    assert max(step_tokens) >= len(LONG)
 
 
 def test_decodes_go_on_while_a_long_prompt_is_prefilled():
@@ -65,8 +78,9 @@ def test_decodes_go_on_while_a_long_prompt_is_prefilled():
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (40, 40, 40, 8)]
     for chunked in (False, True):
         llm = make(chunked, 16 if chunked else None, max_num_seqs=4)
-        llm.generate(prompts, params, use_tqdm=False)
-        steps = list(zip(llm.engine.stats["step_tokens"], llm.engine.stats["step_decodes"]))
+        with llm.engine.metrics.recording() as rec:
+            llm.generate(prompts, params, use_tqdm=False)
+        steps = list(zip(rec.series("num_tokens"), rec.series("num_decodes")))
         if chunked:  # once the three short ones decode, LONG fills what is left of each step: 13 tokens
             assert all(t <= 16 for t, _ in steps)
             assert sum(1 for t, d in steps if (t, d) == (16, 3)) >= (len(LONG) - 16) // 13
@@ -89,10 +103,11 @@ def test_token_times_record_every_output_token():
 def test_chunks_under_memory_pressure_keep_the_tokens(whole, policy, mode):
     llm = make(True, 8, kv_policy=policy, kv_capacity_tokens=192, preemption_mode=mode,
                **({"reservation": "oracle"} if policy == "block_table" else {}))
-    assert tokens(llm.generate(PROMPTS, GREEDY, use_tqdm=False)) == whole
+    outs, step_tokens = generate(llm, PROMPTS, GREEDY)
+    assert tokens(outs) == whole
     if policy != "block_table":  # reserving memory up front never preempts
         assert llm.engine.stats["preemptions"] > 0
-    assert max(llm.engine.stats["step_tokens"]) <= 8
+    assert max(step_tokens) <= 8
     assert_clean(llm)
 
 
@@ -126,7 +141,7 @@ def test_with_the_prefix_cache_chunks_promise_only_what_they_write():
     # the second is admitted once the first's chunks leave room in the budget: it finds the part of
     # LONG that has slots already, a whole number of blocks, and computes the rest itself
     assert outs[1].num_cached_tokens % 4 == 0 and 0 < outs[1].num_cached_tokens <= 120
-    assert llm.engine.stats["tokens_computed"] == sum(map(len, prompts)) + 2 * 15 - outs[1].num_cached_tokens
+    assert computed(llm) == sum(map(len, prompts)) + 2 * 15 - outs[1].num_cached_tokens
     assert_clean(llm)
 
 
@@ -138,7 +153,7 @@ def test_parallel_samples_fork_after_the_last_chunk():
     assert tokens(outs) == ref and llm.engine.stats["forks"] == 4
     # each prompt computed once, by its first sample, then 11 decodes for each of the 3 samples: a fork
     # before the last chunk would have had the children compute the prompt again
-    assert llm.engine.stats["tokens_computed"] == len(LONG) + len(PROMPTS[0]) + 2 * 3 * 11
+    assert computed(llm) == len(LONG) + len(PROMPTS[0]) + 2 * 3 * 11
     assert_clean(llm)
 
 
@@ -170,8 +185,8 @@ def test_the_default_budget_is_used_when_none_is_given():
 
     llm = make(True, max_model_len=512)
     assert llm.engine.scheduler.max_num_batched_tokens == DEFAULT_CHUNKED_BUDGET
-    llm.generate([LONG * 2], GREEDY, use_tqdm=False)  # 300 tokens: one chunk of the default, then the rest
-    assert max(llm.engine.stats["step_tokens"]) == DEFAULT_CHUNKED_BUDGET
+    _, step_tokens = generate(llm, [LONG * 2], GREEDY)  # 300 tokens: one chunk of the default, then the rest
+    assert max(step_tokens) == DEFAULT_CHUNKED_BUDGET
 
 
 def test_a_bad_request_among_chunked_ones_is_refused_and_the_others_go_on(whole):
@@ -184,7 +199,7 @@ def test_a_bad_request_among_chunked_ones_is_refused_and_the_others_go_on(whole)
 
 
 @pytest.mark.slow
-def test_smollm2_answers_the_same_with_its_prompts_in_chunks(real_llm):
+def test_smollm2_answers_the_same_with_its_prompts_in_chunks():
     """The real model: a long chat prompt computed in chunks of at most 32 tokens, beside short ones,
     gives the per-request engine's greedy answers."""
     document = " ".join(f"Rule {i}: a borrowed book is due {i + 7} days after checkout." for i in range(20))
@@ -192,11 +207,13 @@ def test_smollm2_answers_the_same_with_its_prompts_in_chunks(real_llm):
              [{"role": "user", "content": "What is the capital of France?"}],
              [{"role": "user", "content": "Name a primary colour."}]]
     params = SamplingParams(temperature=0, max_tokens=24)
-    ref = tokens(real_llm.chat(chats, params, use_tqdm=False))
+    per_request = LLM("smollm2-135m", kv_policy="per_request", progress=False)
+    ref = tokens(per_request.chat(chats, params, use_tqdm=False))
     llm = LLM("smollm2-135m", kv_policy="on_demand", enable_chunked_prefill=True, max_num_batched_tokens=32,
               max_num_seqs=4, attention_backend="torch_batched", progress=False)
-    outs = llm.chat(chats, params, use_tqdm=False)
+    with llm.engine.metrics.recording() as rec:
+        outs = llm.chat(chats, params, use_tqdm=False)
     assert len(outs[0].prompt_token_ids) > 300
     assert tokens(outs) == ref
-    assert max(llm.engine.stats["step_tokens"]) <= 32
+    assert max(rec.series("num_tokens")) <= 32
     assert_clean(llm)

@@ -8,6 +8,7 @@ import pytest
 
 from minipaged import LLM, SamplingParams
 from minipaged.beam_search import BeamSearchParams
+from minipaged.metrics import find
 
 rng = random.Random(9)
 PHRASE = [rng.randrange(1, 250) for _ in range(10)]
@@ -22,6 +23,16 @@ def make(spec=SPEC, **kw):
     options = dict(kv_policy="on_demand", kv_capacity_tokens=4096, block_size=4, max_model_len=256,
                    max_num_seqs=4, progress=False)
     return LLM("tiny", speculative_config=spec, **{**options, **kw})
+
+
+def metric(llm, name):
+    """A counter's value over the LLM's lifetime."""
+    return find(llm.get_metrics(), name).value
+
+
+def accepted(llm):
+    """Guessed tokens the model agreed with, over the LLM's lifetime."""
+    return metric(llm, "spec_decode_num_accepted_tokens")
 
 
 def tokens(outs):
@@ -39,7 +50,7 @@ def assert_clean(llm):
 @pytest.fixture(scope="module")
 def plain():
     """The oracle: the per-request engine, one token per forward pass."""
-    llm = LLM("tiny", progress=False, max_model_len=256)
+    llm = LLM("tiny", kv_policy="per_request", progress=False, max_model_len=256)
     return tokens(llm.generate(PROMPTS, GREEDY, use_tqdm=False))
 
 
@@ -49,10 +60,9 @@ def test_speculation_gives_the_tokens_of_plain_decoding_in_fewer_passes(plain, k
     ref.generate(PROMPTS, GREEDY, use_tqdm=False)
     llm = make(spec={"method": "ngram", "num_speculative_tokens": k})
     assert tokens(llm.generate(PROMPTS, GREEDY, use_tqdm=False)) == plain
-    stats = llm.engine.stats
-    assert 0 < stats["spec_accepted_tokens"] <= stats["spec_draft_tokens"]
+    assert 0 < accepted(llm) <= metric(llm, "spec_decode_num_draft_tokens")
     # every accepted guess is one forward pass less than plain batched decoding needed
-    assert stats["forward_passes"] < ref.engine.stats["forward_passes"]
+    assert metric(llm, "forward_passes") < metric(ref, "forward_passes")
     assert_clean(llm)
 
 
@@ -65,7 +75,7 @@ def test_speculation_under_memory_pressure_keeps_the_tokens(plain, policy, mode)
     assert tokens(llm.generate(PROMPTS, GREEDY, use_tqdm=False)) == plain
     if policy != "block_table":
         assert llm.engine.stats["preemptions"] > 0
-    assert llm.engine.stats["spec_accepted_tokens"] > 0
+    assert accepted(llm) > 0
     assert_clean(llm)
 
 
@@ -93,7 +103,7 @@ def test_logprobs_are_those_of_plain_decoding():
     ref = make(spec=None).generate(PROMPTS[:3], params, use_tqdm=False)
     llm = make()
     out = llm.generate(PROMPTS[:3], params, use_tqdm=False)
-    assert llm.engine.stats["spec_accepted_tokens"] > 0
+    assert accepted(llm) > 0
     for a, b in zip(ref, out):
         assert a.outputs[0].token_ids == b.outputs[0].token_ids
         assert a.outputs[0].cumulative_logprob == pytest.approx(b.outputs[0].cumulative_logprob, abs=1e-4)
@@ -124,7 +134,7 @@ def test_seeded_sampled_requests_speculate_and_keep_their_tokens(monkeypatch):
     llm = make()
     out = llm.generate(PROMPTS[:3], params, use_tqdm=False)
     assert tokens(out) == tokens(ref)
-    assert llm.engine.stats["spec_accepted_tokens"] > 0 and all(sum(d) > 0 for d in seen.values())
+    assert accepted(llm) > 0 and all(sum(d) > 0 for d in seen.values())
     assert_clean(llm)
 
 
@@ -190,14 +200,15 @@ def test_bad_combinations_name_the_field(kwargs, field):
 
 
 @pytest.mark.slow
-def test_smollm2_answers_the_same_with_speculation(real_llm):
+def test_smollm2_answers_the_same_with_speculation():
     """The real model: a request to repeat a list, which prompt lookup guesses well, and a plain one."""
     chats = [[{"role": "user", "content": "Repeat this list exactly: apples, pears, plums, figs, dates, limes."}],
              [{"role": "user", "content": "What is the capital of France?"}]]
     params = SamplingParams(temperature=0, max_tokens=32)
-    ref = tokens(real_llm.chat(chats, params, use_tqdm=False))
+    per_request = LLM("smollm2-135m", kv_policy="per_request", progress=False)
+    ref = tokens(per_request.chat(chats, params, use_tqdm=False))
     llm = LLM("smollm2-135m", kv_policy="on_demand", speculative_config=SPEC, attention_backend="torch_batched",
               progress=False)
     assert tokens(llm.chat(chats, params, use_tqdm=False)) == ref
-    assert llm.engine.stats["spec_accepted_tokens"] > 0
+    assert accepted(llm) > 0
     assert_clean(llm)

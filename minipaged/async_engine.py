@@ -1,0 +1,148 @@
+"""``AsyncLLMEngine``: the online engine for asyncio code (the server, chapter 11), with vLLM's names.
+
+    engine = AsyncLLMEngine.from_engine_args(AsyncEngineArgs(model="smollm2-135m"))
+    async for out in engine.generate("Hello", SamplingParams(max_tokens=16), request_id="r1"):
+        print(out.outputs[0].text)              # RequestOutput after each step that changed it
+    await engine.abort("r1")
+
+An engine step is blocking CPU work (a forward pass takes tens to hundreds of milliseconds), so it
+must not run on the event loop: a background thread owns the ``LLMEngine`` and steps it while any
+request is unfinished, and sleeps otherwise. Coroutines talk to it through two lists guarded by a
+lock (requests to add, requests to abort) and get their outputs through a queue per request,
+filled with ``loop.call_soon_threadsafe``. Only the thread touches the engine, so the core stays
+single-threaded.
+
+Each request's prompt and SamplingParams are checked in the caller before anything is queued: a
+bad one raises ValueError from ``generate`` at once, and the other requests never see it. A client
+that stops iterating (a closed connection cancels its task) aborts its request, so its blocks go
+back to the pool at the next step. An exception inside a step (a bug, not bad input) is raised in
+every waiting ``generate``, the engine gives every block back, and the thread goes on serving.
+
+Not handled yet: several engine processes, back-pressure (a bounded number of waiting requests),
+priorities.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+
+from minipaged.config import AsyncEngineArgs, EngineArgs
+from minipaged.llm_engine import LLMEngine
+
+
+class AsyncLLMEngine:
+    def __init__(self, args: EngineArgs):
+        self.engine = LLMEngine(args)
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._adds: list[tuple] = []  # (request_id, prompt, params) for the thread to add
+        self._aborts: list[str] = []
+        self._queues: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._ids = itertools.count()
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, name="minipaged-engine", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def from_engine_args(cls, engine_args: EngineArgs) -> AsyncLLMEngine:
+        if not isinstance(engine_args, EngineArgs):
+            raise ValueError(f"engine_args must be AsyncEngineArgs, got {type(engine_args).__name__}")
+        return cls(engine_args)
+
+    @property
+    def tokenizer(self):
+        return self.engine.tokenizer
+
+    def get_tokenizer(self):
+        return self.engine.tokenizer
+
+    def get_metrics(self) -> list:
+        return self.engine.get_metrics()
+
+    # ---- the client side (coroutines on the event loop) ------------------------------------------
+
+    async def generate(self, prompt, sampling_params=None, request_id: str | None = None):
+        """Add a request and yield its RequestOutputs as the engine makes them (each carries what its
+        SamplingParams.output_kind asks for); the last one has ``finished`` True."""
+        request_id = request_id if request_id is not None else f"async-{next(self._ids)}"
+        if not isinstance(request_id, str) or not request_id:
+            raise ValueError(f"request_id={request_id!r} must be a non-empty string")
+        self.engine.check_request(prompt, sampling_params)  # ValueError here, before anything is queued
+        loop, queue = asyncio.get_running_loop(), asyncio.Queue()
+        with self._lock:
+            if request_id in self._queues:
+                raise ValueError(f"request_id={request_id!r} is already running; give each request its own id")
+            self._queues[request_id] = (loop, queue)
+            self._adds.append((request_id, prompt, sampling_params))
+        self._wake.set()
+        finished = False
+        try:
+            while not finished:
+                out = await queue.get()
+                if isinstance(out, BaseException):
+                    raise out
+                finished = out.finished
+                yield out
+        finally:
+            if not finished:  # the client went away (or an error): free the request's memory
+                await self.abort(request_id)
+
+    async def abort(self, request_id: str) -> None:
+        """Stop a request; its blocks are back in the pool after the engine's next step at the latest."""
+        with self._lock:
+            self._aborts.append(request_id)
+            self._queues.pop(request_id, None)
+        self._wake.set()
+
+    def shutdown(self) -> None:
+        """Stop the background thread (the engine and its memory go with the object)."""
+        self._stop = True
+        self._wake.set()
+        self._thread.join(timeout=10)
+
+    # ---- the engine side (the background thread) -------------------------------------------------
+
+    def _deliver(self, request_id: str, item) -> None:
+        with self._lock:
+            target = self._queues.get(request_id)
+            if target is not None and (isinstance(item, BaseException) or item.finished):
+                del self._queues[request_id]
+        if target is not None:
+            loop, queue = target
+            loop.call_soon_threadsafe(queue.put_nowait, item)
+
+    def _run(self) -> None:
+        engine = self.engine
+        while not self._stop:
+            with self._lock:
+                adds, self._adds = self._adds, []
+                aborts, self._aborts = self._aborts, []
+            for request_id in aborts:
+                engine.abort_request(request_id)
+            for request_id, prompt, params in adds:
+                if request_id in aborts:
+                    continue
+                try:
+                    engine.add_request(request_id, prompt, params)
+                except ValueError as e:  # checked by the caller already; a race such as a reused id
+                    self._deliver(request_id, e)
+            if not engine.has_unfinished_requests():
+                self._wake.wait()
+                self._wake.clear()
+                continue
+            try:
+                outputs = engine.step()
+            except Exception as e:  # a bug in a step: tell everyone waiting, give every block back
+                with self._lock:
+                    waiting = list(self._queues)
+                engine.abort_all()
+                for request_id in waiting:
+                    self._deliver(request_id, RuntimeError(f"the engine step failed: {e!r}"))
+                continue
+            for out in outputs:
+                self._deliver(out.request_id, out)
+
+
+__all__ = ["AsyncLLMEngine", "AsyncEngineArgs"]

@@ -1,0 +1,267 @@
+"""``LLMEngine``: the online engine, with vLLM's names. Requests come and go while others decode.
+
+    from minipaged import LLMEngine, EngineArgs, SamplingParams
+    engine = LLMEngine.from_engine_args(EngineArgs(model="tiny"))
+    engine.add_request("r1", "Hello", SamplingParams(max_tokens=8))
+    while engine.has_unfinished_requests():
+        for out in engine.step():          # RequestOutput: .request_id, .outputs, .finished
+            ...
+    engine.abort_request(["r1"])           # its blocks are back in the pool before the next step
+
+The engine wraps the core (core.py) with what a client needs around it:
+
+    input processing   a prompt (a string, {"prompt": ...}, {"prompt_token_ids": [...]}) becomes
+                       token ids; prompt and SamplingParams are checked before anything is queued,
+                       so a bad request is a ValueError that names the field and touches no memory;
+    output processing  after each step, a RequestOutput for every request that changed. Its
+                       SamplingParams.output_kind says what it carries: everything so far
+                       (CUMULATIVE, the default), only what is new (DELTA, for streaming), or
+                       nothing until the end (FINAL_ONLY). A streamed text never shows characters
+                       that a stop string later takes back, nor half of a multi-byte character, so
+                       the joined deltas equal the final text.
+
+Detokenizing and stop strings happen inside the core here (``Sequence.append``), so that a stop
+string frees the sequence's blocks in the same step; vLLM's front end checks them in its output
+processor and aborts the request in the core.
+
+``LLM`` (llm.py) is a loop over this engine with a progress bar; the server (chapter 11) steps it
+from a background thread.
+
+Not handled yet: LoRA, multi-modal prompts, priorities, tracing.
+"""
+
+from __future__ import annotations
+
+from minipaged.config import EngineArgs
+from minipaged.core import EngineCore
+from minipaged.outputs import CompletionOutput, RequestOutput
+from minipaged.sampling_params import RequestOutputKind, SamplingParams
+
+
+def build_core(args: EngineArgs, loaded=None, metrics=None) -> tuple[EngineCore, object]:
+    """The model, the KV policy and the runner that ``args`` choose, in one core. Returns (core, loaded)."""
+    from minipaged.kv.factory import make_policy
+    from minipaged.model import load_model
+    from minipaged.runner import ModelRunner, PerRequestRunner
+
+    args.validate()
+    if loaded is None:
+        loaded = load_model(args.model, dtype=args.dtype, seed=args.seed, progress=args.progress, device=args.device)
+    max_model_len = args.resolve(loaded.config.max_model_len)
+    eos = loaded.tokenizer.eos_token_id
+    if not args.pooled:
+        from minipaged.kv.per_request import UnboundedPolicy
+
+        policy = UnboundedPolicy(max_model_len)
+        runner = PerRequestRunner(loaded.model, loaded.tokenizer, policy, use_cache=args.use_cache)
+        return EngineCore(args, policy, runner, loaded.tokenizer, eos, max_model_len, metrics), loaded
+    options = {"watermark": args.watermark} if args.kv_policy in ("on_demand", "shared", "prefix_caching") else {}
+    policy = make_policy(args.kv_policy, num_slots=args.kv_capacity_tokens, block_size=args.block_size,
+                         max_model_len=max_model_len, reservation=args.reservation, **options)
+    swap_blocks = args.swap_tokens // policy.block_size if hasattr(policy, "detach") else 0
+    core = EngineCore(args, policy, None, loaded.tokenizer, eos, max_model_len, metrics)
+    core.runner = ModelRunner(loaded.model, loaded.tokenizer, policy, attention_backend=args.attention_backend,
+                              swap_blocks=swap_blocks if core.swap_space else 0, metrics=core.metrics)
+    return core, loaded
+
+
+def prompt_token_ids(prompt, tokenizer, vocab_size: int, max_model_len: int, where: str = "prompt"):
+    """(text or None, token ids) of a prompt, checked. ``where`` names it in errors (e.g. "prompts[3]")."""
+    if isinstance(prompt, dict):  # vLLM's TextPrompt / TokensPrompt
+        if "prompt_token_ids" in prompt:
+            prompt = prompt["prompt_token_ids"]
+            if not isinstance(prompt, (list, tuple)):
+                raise ValueError(f"{where}['prompt_token_ids'] must be a list of token ids")
+            prompt = list(prompt)
+        elif "prompt" in prompt:
+            prompt = prompt["prompt"]
+            if not isinstance(prompt, str):
+                raise ValueError(f"{where}['prompt'] must be a string, got {type(prompt).__name__}")
+        else:
+            raise ValueError(f"{where} is a dict without 'prompt' or 'prompt_token_ids'")
+    if isinstance(prompt, str):
+        text, ids = prompt, tokenizer.encode(prompt)
+    elif isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        text, ids = None, list(prompt)
+        bad = [t for t in ids if not 0 <= t < vocab_size]
+        if bad:
+            raise ValueError(f"{where} has token ids outside the vocabulary [0, {vocab_size}): {bad[:5]}")
+    else:
+        raise ValueError(f"{where} must be a string or a list of token ids, got {type(prompt).__name__}")
+    if not ids:
+        raise ValueError(f"{where} is empty: give at least one token")
+    if len(ids) >= max_model_len:
+        raise ValueError(f"{where} has {len(ids)} tokens; with max_model_len={max_model_len} a prompt may have "
+                         f"at most {max_model_len - 1} (room for one new token)")
+    return text, ids
+
+
+class LLMEngine:
+    def __init__(self, args: EngineArgs, loaded=None):
+        self.args = args
+        self.core, loaded = build_core(args, loaded)
+        self.model, self.tokenizer, self.config = loaded.model, loaded.tokenizer, loaded.config
+        self._loaded = loaded
+        self._sent: dict[int, tuple[int, int]] = {}  # seq_id -> (tokens, characters) already streamed
+        self._beam_outputs: dict = {}  # request_id -> BeamSearchOutput, until beam_output() takes it
+
+    @classmethod
+    def from_engine_args(cls, engine_args: EngineArgs) -> LLMEngine:
+        if not isinstance(engine_args, EngineArgs):
+            raise ValueError(f"engine_args must be EngineArgs, got {type(engine_args).__name__}")
+        return cls(engine_args)
+
+    # ---- what the core is made of (for the chapters, the tests and the benchmarks) --------------
+
+    @property
+    def policy(self):
+        return self.core.policy
+
+    kv = policy
+
+    @property
+    def scheduler(self):
+        return self.core.scheduler
+
+    @property
+    def swap_space(self):
+        return self.core.swap_space
+
+    @property
+    def runner(self):
+        return self.core.runner
+
+    @property
+    def metrics(self):
+        return self.core.metrics
+
+    @property
+    def stats(self) -> dict:
+        return self.core.stats
+
+    @property
+    def max_model_len(self) -> int:
+        return self.core.max_model_len
+
+    def get_tokenizer(self):
+        return self.tokenizer
+
+    def get_metrics(self) -> list:
+        """Every metric's current value (objects with ``name`` and ``value``), as vLLM V1's."""
+        return self.core.metrics.snapshot()
+
+    # ---- requests ------------------------------------------------------------------------------
+
+    def check_request(self, prompt, params, where: str = "prompt"):
+        """(text, token ids, params) of a request, checked; nothing is queued."""
+        if params is None:
+            params = SamplingParams()
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"params must be SamplingParams, got {type(params).__name__}")
+        params.validate_for(self.config.vocab_size)
+        text, ids = prompt_token_ids(prompt, self.tokenizer, self.config.vocab_size, self.max_model_len, where)
+        return text, ids, params
+
+    def add_request(self, request_id, prompt, params: SamplingParams | None = None,
+                    arrival_time: float | None = None) -> None:
+        """Queue a request. ``prompt``: a string, {"prompt": str} or {"prompt_token_ids": [ids]}."""
+        if not isinstance(request_id, str) or not request_id:
+            raise ValueError(f"request_id={request_id!r} must be a non-empty string")
+        text, ids, params = self.check_request(prompt, params)
+        request = self.core.add_request(request_id, ids, params, arrival_time)
+        request.extra["prompt"] = text
+
+    def add_beam_request(self, request_id, prompt, params) -> None:
+        """Queue a beam search (``LLM.beam_search`` adds one per prompt). Its RequestOutput, once
+        finished, has one CompletionOutput per best beam; ``beam_output(request_id)`` gives vLLM's
+        BeamSearchOutput."""
+        from minipaged.sampling_params import BeamSearchParams
+
+        if not isinstance(request_id, str) or not request_id:
+            raise ValueError(f"request_id={request_id!r} must be a non-empty string")
+        if not isinstance(params, BeamSearchParams):
+            raise ValueError(f"params must be BeamSearchParams, got {type(params).__name__}")
+        text, ids = prompt_token_ids(prompt, self.tokenizer, self.config.vocab_size, self.max_model_len)
+        request = self.core.add_beam_request(request_id, ids, params)
+        request.extra["prompt"] = text
+
+    def beam_output(self, request_id: str):
+        """The BeamSearchOutput of a finished beam search (once; it is forgotten after)."""
+        return self._beam_outputs.pop(request_id)
+
+    def abort_request(self, request_ids) -> None:
+        """Stop these requests (a string or a list of ids); unknown or finished ids are ignored."""
+        for request_id in self.core.abort_request(request_ids):
+            self._forget(self.core.pop_finished(request_id))
+
+    def has_unfinished_requests(self) -> bool:
+        return self.core.has_unfinished_requests()
+
+    def get_num_unfinished_requests(self) -> int:
+        return self.core.get_num_unfinished_requests()
+
+    def step(self) -> list[RequestOutput]:
+        """One engine step; the outputs of the requests that changed in it."""
+        outputs = []
+        for request_id in self.core.step():
+            request = self.core.requests[request_id]
+            finished = request.finished
+            kind = request.params.output_kind
+            if finished:
+                self.core.pop_finished(request_id)
+            if kind is RequestOutputKind.FINAL_ONLY and not finished:
+                continue
+            outputs.append(self._output(request, finished, delta=kind is RequestOutputKind.DELTA))
+            if finished:
+                self._forget(request)
+        return outputs
+
+    def abort_all(self) -> None:
+        """Drop every request and give every block back (an interrupted offline run does this)."""
+        for request_id in list(self.core.requests):
+            self._forget(self.core.requests[request_id])
+        self.core.abort_all()
+        self.core.requests.clear()
+
+    # ---- output processing -----------------------------------------------------------------------
+
+    def _output(self, request, finished: bool, delta: bool) -> RequestOutput:
+        if request.beam is not None:
+            return self._beam_request_output(request, finished)
+        completions = [self._completion(seq, delta) for seq in request.seqs]
+        if delta:  # a sample with nothing new stays out of a delta, unless the request is over
+            completions = [c for c in completions if c.token_ids or c.text or c.finish_reason or finished]
+        first = [s.first_token_time for s in request.seqs if s.first_token_time is not None]
+        metrics = {"arrival_time": request.arrival_time, "first_token_time": min(first) if first else None,
+                   "finished_time": request.finished_time if finished else None,
+                   "token_times": [list(s.token_times) for s in request.seqs]}
+        return RequestOutput(request.request_id, request.extra.get("prompt"), request.prompt_ids, completions,
+                             finished=finished, metrics=metrics, num_cached_tokens=request.seqs[0].num_cached_tokens)
+
+    def _beam_request_output(self, request, finished: bool) -> RequestOutput:
+        completions = []
+        if finished and request.beam.output is not None:
+            self._beam_outputs[request.request_id] = out = request.beam.output
+            n = len(request.prompt_ids)
+            completions = [CompletionOutput(i, b.text or "", b.tokens[n:], b.cum_logprob, None, b.finish_reason)
+                           for i, b in enumerate(out.sequences)]
+        return RequestOutput(request.request_id, request.extra.get("prompt"), request.prompt_ids, completions,
+                             finished=finished, metrics={"arrival_time": request.arrival_time,
+                                                         "finished_time": request.finished_time})
+
+    def _completion(self, seq, delta: bool) -> CompletionOutput:
+        out = seq.to_output()
+        if not delta:
+            return out
+        tokens_sent, chars_sent = self._sent.get(seq.seq_id, (0, 0))
+        shown = seq.stream_text()
+        self._sent[seq.seq_id] = (len(seq.output_ids), len(shown))
+        out.text = shown[chars_sent:]
+        out.token_ids = out.token_ids[tokens_sent:]
+        if out.logprobs is not None:
+            out.logprobs = out.logprobs[tokens_sent:]
+        return out
+
+    def _forget(self, request) -> None:
+        for seq in request.seqs:
+            self._sent.pop(seq.seq_id, None)

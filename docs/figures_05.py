@@ -15,8 +15,8 @@ the scenarios, titles and file names, and prints the numbers the chapter quotes.
     memory_saved.png      the same runs as ``python -m minipaged.simulator --sharing``.
 
 The real-model memory per step (beam_blocks.png) comes from
-``python -m minipaged.bench.sharing --plot-dir chapters/05_copy-on-write`` (about six minutes).
-Takes about a minute and a half on two cores (most of it the sharing simulation).
+``python -m minipaged.bench.sharing --plot-dir chapters/05_copy-on-write`` (about a minute and a half).
+Takes about two and a half minutes on two cores (most of it the sharing simulation).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ would hold without sharing (the sum of their block-table lengths, what ``on_dema
 saved fraction is 1 - sum(in use) / sum(unshared) over the run. Unlike the trace simulator
 (``python -m minipaged.simulator --sharing``), the beams here branch and die as SmolLM2 decides.
 
-A run takes about six minutes on two CPU cores (the reference attention is plain PyTorch). With
+A run takes about a minute and a half on two CPU cores (the reference attention is plain PyTorch). With
 --plot-dir it also draws the blocks per step of the beam search of width --plot-width (beam_blocks.png).
 """
 

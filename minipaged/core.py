@@ -59,7 +59,6 @@ class CoreRequest:
     first_token_time: float | None = None
     finished_time: float | None = None
     aborted: bool = False
-    counted_prompt: bool = False  # its prompt tokens are in the metrics
     extra: dict = field(default_factory=dict)  # what a front end keeps with it (its prompt text)
     beam: object = None  # a beam search's BeamState (beam_search.py), or None
 
@@ -239,7 +238,7 @@ class EngineCore:
                 self._drafted.inc(len(work.draft))
         rows = self.runner.execute(plan)
         now = time.perf_counter()
-        record = self._step_record(plan)  # the pool as the forward pass saw it
+        record = self._step_record(plan) if self.metrics.listening else None  # the pool as the pass saw it
         beams: dict[str, CoreRequest] = {}
         for work, work_rows in zip(plan.work, rows):
             request = self._request_of[work.seq.seq_id]
@@ -264,8 +263,9 @@ class EngineCore:
         self._step_seconds.observe(elapsed)
         self._forward_seconds.observe(self.runner.last_forward_seconds)
         self._update_gauges()
-        record["step_seconds"] = elapsed
-        self.metrics.publish_step(record)
+        if record is not None:
+            record["step_seconds"] = elapsed
+            self.metrics.publish_step(record)
         return list(changed)
 
     def _emit(self, seq: Sequence, row, now: float, changed: dict) -> None:
@@ -283,16 +283,19 @@ class EngineCore:
         if seq.first_token_time is None:
             seq.first_token_time = now
         if request.first_token_time is None:
-            request.first_token_time = now
-            self._ttft.observe(now - request.arrival_time)
-        if not request.counted_prompt:
-            request.counted_prompt = True
-            self._prompt_tokens.inc(len(request.prompt_ids))
-            if self.policy.caches_prefixes:
-                self._cache_queries.inc(len(request.prompt_ids))
-                self._cache_hits.inc(seq.num_cached_tokens)
+            self._first_token(request, seq, now)
         self._generation_tokens.inc()
         changed[request.request_id] = None
+
+    def _first_token(self, request: CoreRequest, seq: Sequence, now: float) -> None:
+        """The request's first token came: its time to first token, and its prompt counted once (with
+        what the prefix cache served of it)."""
+        request.first_token_time = now
+        self._ttft.observe(now - request.arrival_time)
+        self._prompt_tokens.inc(len(request.prompt_ids))
+        if self.policy.caches_prefixes:
+            self._cache_queries.inc(len(request.prompt_ids))
+            self._cache_hits.inc(seq.num_cached_tokens)
 
     def _finish_seq(self, seq: Sequence, now: float, changed: dict) -> None:
         request = self._request_of[seq.seq_id]
@@ -328,12 +331,7 @@ class EngineCore:
         state.steps += 1
         self._generation_tokens.inc(len(chosen) + len(complete))
         if request.first_token_time is None:
-            request.first_token_time = now
-            self._ttft.observe(now - request.arrival_time)
-            self._prompt_tokens.inc(len(request.prompt_ids))
-            if self.policy.caches_prefixes:
-                self._cache_queries.inc(len(request.prompt_ids))
-                self._cache_hits.inc(state.seqs[0].num_cached_tokens)
+            self._first_token(request, state.seqs[0], now)
         changed[request.request_id] = None
         if state.steps >= state.max_tokens or not chosen:  # done: the last tokens need no K/V
             for seq in state.seqs:

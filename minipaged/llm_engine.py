@@ -58,10 +58,9 @@ def build_core(args: EngineArgs, loaded=None, metrics=None) -> tuple[EngineCore,
     options = {"watermark": args.watermark} if args.kv_policy in ("on_demand", "shared", "prefix_caching") else {}
     policy = make_policy(args.kv_policy, num_slots=args.kv_capacity_tokens, block_size=args.block_size,
                          max_model_len=max_model_len, reservation=args.reservation, **options)
-    swap_blocks = args.swap_tokens // policy.block_size if hasattr(policy, "detach") else 0
-    core = EngineCore(args, policy, None, loaded.tokenizer, eos, max_model_len, metrics)
+    core = EngineCore(args, policy, None, loaded.tokenizer, eos, max_model_len, metrics)  # sizes the swap space
     core.runner = ModelRunner(loaded.model, loaded.tokenizer, policy, attention_backend=args.attention_backend,
-                              swap_blocks=swap_blocks if core.swap_space else 0, metrics=core.metrics)
+                              swap_blocks=core.swap_space.num_blocks if core.swap_space else 0, metrics=core.metrics)
     return core, loaded
 
 

@@ -279,6 +279,11 @@ class MetricsRegistry:
         except ValueError:
             raise ValueError(f"{fn!r} is not subscribed") from None
 
+    @property
+    def listening(self) -> bool:
+        """Whether any recorder is subscribed (so a publisher can skip building records nobody reads)."""
+        return bool(self._subscribers)
+
     def publish_step(self, record: dict) -> None:
         """Hand one engine step's record (a dict of plain values) to every subscriber."""
         for fn in list(self._subscribers):  # a subscriber may unsubscribe itself

@@ -50,7 +50,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from minipaged.kv.base import blocks_for
-from minipaged.sampling_params import BeamSearchParams  # noqa: F401  (where vLLM keeps it; imported from here too)
+from minipaged.sampling_params import SAMPLING_EPS, BeamSearchParams  # noqa: F401  (BeamSearchParams: where vLLM keeps it)
 
 # torch is imported inside the one function that needs it (candidate_logprobs): the selection and the
 # moves are plain Python, so the sharing simulator (no torch) runs them too.
@@ -81,7 +81,7 @@ def candidate_logprobs(logits, width: int, temperature: float) -> list[list[tupl
     """logits [B, V] (torch) -> per beam its 2 * width most likely (token, logprob), best first."""
     import torch
 
-    scaled = logits.float() / temperature if temperature > 0 else logits.float()
+    scaled = logits.float() / temperature if temperature >= SAMPLING_EPS else logits.float()
     logp = torch.log_softmax(scaled, dim=-1)
     values, ids = torch.topk(logp, min(2 * width, logp.shape[-1]), dim=-1)  # [B, 2 * width]
     return [list(zip(row_ids.tolist(), row_values.tolist())) for row_ids, row_values in zip(ids, values)]

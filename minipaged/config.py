@@ -165,7 +165,8 @@ class EngineArgs:
         if not isinstance(self.model, str) or not self.model:
             _fail("model", self.model, "a model name such as 'smollm2-135m' or 'tiny', or a .gguf path")
         _one_of("dtype", self.dtype, DTYPES)
-        _int_at_least("seed", self.seed, 0)
+        if not _is_int(self.seed) or not 0 <= self.seed < 2**63:
+            _fail("seed", self.seed, "an integer in [0, 2**63)")
         _flag("enable_prefix_caching", self.enable_prefix_caching, none_ok=True)
         if self.kv_policy is None:
             self.kv_policy = "shared" if self.enable_prefix_caching is False else "prefix_caching"
@@ -198,14 +199,81 @@ class EngineArgs:
                 or not 0 <= self.watermark < 1:
             _fail("watermark", self.watermark, "a fraction of the pool in [0, 1)")
         _int_at_least("max_model_len", self.max_model_len, 2, none_ok=True)
-        if not isinstance(self.device, str):
-            _fail("device", self.device, "a torch device name such as 'cpu' or 'cuda'")
+        self._check_device()
         self._check_combinations()
+        self._check_unused()
         self._validated = True
         return self
 
+    def _check_device(self) -> None:
+        if not isinstance(self.device, str) or not self.device:
+            _fail("device", self.device, "a torch device name such as 'cpu' or 'cuda'")
+        if self.device == "cpu":
+            return
+        import torch
+
+        try:
+            device = torch.device(self.device)
+        except RuntimeError:
+            _fail("device", self.device, "a torch device name such as 'cpu', 'cuda' or 'cuda:0'")
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"device={self.device!r} needs CUDA, and this torch build or machine has none "
+                             "(torch.cuda.is_available() is False); use device='cpu'")
+        if device.type not in ("cpu", "cuda"):
+            _fail("device", self.device, "'cpu' or a CUDA device ('cuda', 'cuda:0', ...)")
+
+    def _check_unused(self) -> None:
+        """An option set away from its default that the chosen configuration would ignore is an error:
+        silently ignoring it would make an experiment measure something other than what it says."""
+        defaults = {f.name: f.default for f in fields(self) if not f.name.startswith("_")}
+        unused = []
+        if not self.pooled:  # chapter 00: no pool at all
+            unused += ["block_size", "kv_capacity_tokens", "reservation", "watermark"]
+        elif self.kv_policy in RESERVING_POLICIES:
+            unused += ["watermark"]  # a reservation is all-or-nothing: nothing grows into the reserve
+        else:
+            unused += ["reservation"]  # growing policies reserve nothing
+        if self.kv_policy == "contiguous":
+            unused += ["block_size"]  # the arena's unit is one token slot
+        if self.preemption_mode != "swap" and self.swap_space_tokens != 0:  # 0: no swap space, as without swap
+            unused += ["swap_space_tokens"]
+        for name in unused:
+            if getattr(self, name) != defaults[name]:
+                raise ValueError(f"{name}={getattr(self, name)!r} has no effect with kv_policy={self.kv_policy!r}"
+                                 f", preemption_mode={self.preemption_mode!r}; leave it at its default "
+                                 f"({defaults[name]!r}) or choose a configuration that uses it")
+
+    def check_pool(self, max_model_len: int, bytes_per_token: int, free_bytes) -> None:
+        """Checks that need the model: the pool and the swap space fit in the memory there is
+        (``free_bytes(device)`` says how much a device has free, or None if unknown), and a reserving
+        policy's pool holds at least one reservation (with reservation "max" every request reserves
+        max_model_len; a smaller pool would refuse them all)."""
+        from minipaged.kv.base import blocks_for
+
+        on_host = self.device == "cpu"
+        needs = {self.device: self.kv_capacity_tokens if self.pooled else 0}
+        needs["cpu"] = needs.get("cpu", 0) + self.swap_tokens  # the swap space is host memory
+        for device, tokens in needs.items():
+            available = free_bytes(device) if tokens else None
+            if available is not None and tokens * bytes_per_token > available:
+                what = "kv_capacity_tokens + swap_space_tokens" if on_host and self.swap_tokens else (
+                    "swap_space_tokens" if device == "cpu" and not on_host else "kv_capacity_tokens")
+                raise ValueError(f"{what}={tokens} need {tokens * bytes_per_token / 2**30:.1f} GiB of K/V "
+                                 f"({bytes_per_token} bytes a token), but {device!r} has "
+                                 f"{available / 2**30:.1f} GiB free: at most {available // bytes_per_token} tokens")
+        if self.kv_policy in RESERVING_POLICIES and self.reservation == "max":
+            unit = 1 if self.kv_policy == "contiguous" else self.block_size
+            reservation = blocks_for(max_model_len, unit) * unit
+            if reservation > self.kv_capacity_tokens:
+                raise ValueError(f"kv_capacity_tokens={self.kv_capacity_tokens} cannot hold one reservation of "
+                                 f"{reservation} slots (kv_policy={self.kv_policy!r} with reservation='max' sets "
+                                 f"aside max_model_len={max_model_len} per request), so every request would be "
+                                 "refused; raise kv_capacity_tokens, lower max_model_len, or use reservation='oracle'")
+
     def _check_combinations(self) -> None:
         pooled = list(KV_POLICIES[1:])
+        if self.attention_backend == "numba" and self.dtype == "bfloat16":
+            raise ValueError("attention_backend='numba' runs dtype 'float32' or 'float16', not 'bfloat16'")
         if not self.use_cache and self.pooled:
             raise ValueError(f"use_cache=False (recompute every token) needs kv_policy='per_request'; "
                              f"kv_policy={self.kv_policy!r} keeps K/V in a pool")

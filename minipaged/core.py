@@ -61,12 +61,13 @@ class CoreRequest:
     aborted: bool = False
     extra: dict = field(default_factory=dict)  # what a front end keeps with it (its prompt text)
     beam: object = None  # a beam search's BeamState (beam_search.py), or None
+    done: set = field(default_factory=set)  # ids of its sequences that have finished (counted, not scanned)
 
     @property
     def finished(self) -> bool:
         if self.beam is not None:
             return self.aborted or self.beam.output is not None
-        return all(s.finished for s in self.seqs)
+        return self.aborted or len(self.done) == len(self.seqs)
 
 
 class EngineCore:
@@ -227,7 +228,7 @@ class EngineCore:
         self._swapped_out.inc(len(plan.swap_out))
         self._swapped_in.inc(len(plan.swap_in))
         if not plan.work:
-            if not plan.refused and self.scheduler.has_work():
+            if not (plan.refused or plan.preempted) and self.scheduler.has_work():  # a bug, not a full pool
                 s = self.scheduler
                 head = (s.waiting or s.swapped or s.running)[0]
                 raise RuntimeError(f"request {head.group_id} can neither be scheduled nor refused")
@@ -300,6 +301,7 @@ class EngineCore:
     def _finish_seq(self, seq: Sequence, now: float, changed: dict) -> None:
         request = self._request_of[seq.seq_id]
         seq.finished_time = now
+        request.done.add(seq.seq_id)
         if request.beam is not None and request.beam.output is None:  # a refused beam search
             from minipaged.beam_search import BeamSearchOutput
 
@@ -428,6 +430,24 @@ class EngineCore:
         return record
 
     # ---- whole-engine operations ----------------------------------------------------------------
+
+    def check_invariants(self, idle: bool = False) -> None:
+        """Assert that the books agree: each block's reference count equals the tables holding it, no
+        block is both free and held (the policy's and the swap space's ``check_invariants``). With
+        ``idle=True`` also that nothing is left behind: no request, no sequence, every slot free."""
+        self.policy.check_invariants()
+        if self.swap_space is not None:
+            self.swap_space.check_invariants()
+        if not idle:
+            return
+        assert not self.scheduler.has_work(), "the scheduler still has requests"
+        assert not self.policy.seq_ids(), f"KV memory leaked: sequences {self.policy.seq_ids()[:8]} still hold it"
+        usage = self.policy.usage()
+        assert usage.free == usage.total, f"KV memory leaked: {usage}"
+        if self.policy.shares_blocks:
+            assert not self.policy.pending_copies(), "copies on write were planned that no step made"
+        if self.swap_space is not None:
+            assert not self.swap_space.seq_ids(), f"the swap space leaked: {self.swap_space.seq_ids()[:8]}"
 
     def abort_all(self) -> None:
         """Drop every request still held, and its blocks (device and swap space), so an interrupted

@@ -54,6 +54,7 @@ class IncrementalDetokenizer:
         self._committed = ""
         self._pending = ""  # text of ids[read:], ends in U+FFFD (or is empty)
         self._final: str | None = None  # the text once cut at a stop string
+        self._floor: int | None = None  # where a stop string may start: after the first min_tokens tokens' text
         self._sent = 0  # characters returned by delta() so far
 
     def _decode(self, ids) -> str:
@@ -62,10 +63,12 @@ class IncrementalDetokenizer:
     def add(self, token_id: int, check_stop: bool = True) -> str | None:
         """Feed one generated token. Returns the stop string if the text now holds one (the text is
         then cut and the detokenizer finished), else None. ``check_stop=False`` (before min_tokens)
-        looks for none: a stop string wholly inside the text generated so far is then never honoured,
-        as in vLLM."""
+        looks for none, and once stop strings count, only one that starts after the text of the
+        tokens fed before then can end the text: the output keeps at least min_tokens tokens' text."""
         if self._final is not None:
             raise RuntimeError("add() after a stop string ended the text")
+        if check_stop and self._floor is None:  # min_tokens tokens exist: a stop string may start here
+            self._floor = len(self._committed)
         self.token_ids.append(token_id)
         searched = len(self._committed)  # everything before this was searched for stop strings already
         window = self._decode(self.token_ids[self._prefix:])
@@ -81,7 +84,7 @@ class IncrementalDetokenizer:
         return self._check_stop(searched) if self.stop and check_stop else None
 
     def _check_stop(self, searched: int) -> str | None:
-        start = max(0, searched - self.max_stop_len + 1)
+        start = max(self._floor, searched - self.max_stop_len + 1)
         tail = self._committed[start:] + self._pending
         hits = [(tail.find(s), s) for s in self.stop if s in tail]
         if not hits:

@@ -19,9 +19,10 @@ Not handled yet: LoRA, multi-modal prompts, priorities.
 from __future__ import annotations
 
 import itertools
+import numbers
 
 from minipaged.config import KV_POLICIES, EngineArgs
-from minipaged.llm_engine import LLMEngine
+from minipaged.llm_engine import LLMEngine, prompt_token_ids
 from minipaged.outputs import RequestOutput
 from minipaged.sampling_params import RequestOutputKind, SamplingParams
 
@@ -49,27 +50,35 @@ class LLM:
         return self.engine.get_metrics()
 
     # ---------------------------------------------------------------- input checking
-    def _prompt_ids(self, prompt, i: int) -> tuple[str | None, list[int]]:
-        text, ids, _ = self.engine.check_request(prompt, SamplingParams(), where=f"prompts[{i}]")
-        return text, ids
-
-    def _normalize(self, prompts, sampling_params):
-        if isinstance(prompts, (str, dict)) or (
-            isinstance(prompts, (list, tuple)) and prompts and isinstance(prompts[0], int)
+    @staticmethod
+    def _prompt_list(prompts) -> list:
+        """One prompt or a list of them, as a list (a list of ints is one prompt of token ids)."""
+        if isinstance(prompts, (str, dict, bytes, bytearray)) or (
+            isinstance(prompts, (list, tuple)) and prompts and isinstance(prompts[0], numbers.Integral)
         ):
-            prompts = [prompts]
-        prompts = list(prompts)
+            return [prompts]
+        if not isinstance(prompts, (list, tuple)):
+            raise ValueError(f"prompts must be a string, a list of token ids, or a list of such prompts; "
+                             f"got {type(prompts).__name__}")
         if not prompts:
             raise ValueError("prompts is empty: give at least one prompt")
+        return list(prompts)
+
+    def _normalize(self, prompts, sampling_params):
+        prompts = self._prompt_list(prompts)
         if sampling_params is None:
             sampling_params = SamplingParams()
         if isinstance(sampling_params, SamplingParams):
             params = [sampling_params] * len(prompts)
-        else:
+        elif isinstance(sampling_params, (list, tuple)):
             params = list(sampling_params)
             if len(params) != len(prompts):
                 raise ValueError(f"sampling_params has {len(params)} entries for {len(prompts)} prompts; "
                                  "give one SamplingParams or one per prompt")
+        else:
+            hint = "; build one with SamplingParams(**fields)" if isinstance(sampling_params, dict) else ""
+            raise ValueError(f"sampling_params must be a SamplingParams or a list of them (one per prompt), "
+                             f"got {type(sampling_params).__name__}{hint}")
         checked = [self.engine.check_request(prompt, p, where=f"prompts[{i}]")
                    for i, (prompt, p) in enumerate(zip(prompts, params))]
         return [(text, ids) for text, ids, _ in checked], [p for _, _, p in checked]
@@ -126,12 +135,10 @@ class LLM:
         if not self.engine.policy.can_fork:
             raise ValueError(f"beam_search needs kv_policy='shared' (beams share blocks) or 'per_request' "
                              f"(private copies); kv_policy={self.kv_policy!r} cannot fork a sequence")
-        if isinstance(prompts, (str, dict)) or (isinstance(prompts, (list, tuple)) and prompts
-                                                 and isinstance(prompts[0], int)):
-            prompts = [prompts]
-        if not prompts:
-            raise ValueError("prompts is empty: give at least one prompt")
-        ids = [self._prompt_ids(p, i)[1] for i, p in enumerate(prompts)]
+        params.validate()
+        prompts = self._prompt_list(prompts)
+        ids = [prompt_token_ids(p, self.tokenizer, self.config.vocab_size, self.max_model_len, f"prompts[{i}]")[1]
+               for i, p in enumerate(prompts)]
         request_ids = [f"beam-{next(self._request_ids)}" for _ in ids]
         for request_id, prompt in zip(request_ids, ids):
             self.engine.add_beam_request(request_id, {"prompt_token_ids": prompt}, params)
@@ -148,9 +155,17 @@ class LLM:
 
     def chat(self, messages, sampling_params=None, use_tqdm: bool = True, add_generation_prompt: bool = True):
         """Apply the model's chat template to one conversation (or a list of them), then generate."""
-        conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
-        if not conversations or any(not c for c in conversations):
-            raise ValueError("messages is empty: give a list of {'role': ..., 'content': ...} dicts")
+        if not isinstance(messages, (list, tuple)) or not messages:
+            raise ValueError("messages must be a non-empty list of {'role': ..., 'content': ...} dicts "
+                             f"(or a list of such conversations); got {messages!r:.60}")
+        conversations = [messages] if isinstance(messages[0], dict) else list(messages)
+        for i, conversation in enumerate(conversations):
+            where = "messages" if len(conversations) == 1 and conversation is messages else f"messages[{i}]"
+            if not isinstance(conversation, (list, tuple)) or not conversation:
+                raise ValueError(f"{where} must be a non-empty list of {{'role': ..., 'content': ...}} dicts")
+            for j, m in enumerate(conversation):
+                if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
+                    raise ValueError(f"{where}[{j}]={m!r:.80} must be a dict whose 'role' and 'content' are strings")
         prompts = [self.tokenizer.apply_chat_template(c, add_generation_prompt) for c in conversations]
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
 

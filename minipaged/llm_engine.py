@@ -38,6 +38,24 @@ from minipaged.outputs import CompletionOutput, RequestOutput
 from minipaged.sampling_params import RequestOutputKind, SamplingParams
 
 
+def free_bytes(device: str) -> int | None:
+    """Memory free on a device now: the host's available RAM for "cpu", the GPU's free memory for CUDA."""
+    if device == "cpu":
+        try:
+            with open("/proc/meminfo") as f:
+                info = dict(line.split(":", 1) for line in f)
+            return int(info["MemAvailable"].split()[0]) * 1024
+        except (OSError, KeyError, ValueError):
+            import os
+
+            return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    import torch
+
+    if torch.device(device).type == "cuda":
+        return torch.cuda.mem_get_info(torch.device(device))[0]
+    return None
+
+
 def build_core(args: EngineArgs, loaded=None, metrics=None) -> tuple[EngineCore, object]:
     """The model, the KV policy and the runner that ``args`` choose, in one core. Returns (core, loaded)."""
     from minipaged.kv.factory import make_policy
@@ -48,6 +66,9 @@ def build_core(args: EngineArgs, loaded=None, metrics=None) -> tuple[EngineCore,
     if loaded is None:
         loaded = load_model(args.model, dtype=args.dtype, seed=args.seed, progress=args.progress, device=args.device)
     max_model_len = args.resolve(loaded.config.max_model_len)
+    cfg = loaded.config
+    bytes_per_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * loaded.model.dtype.itemsize  # K and V
+    args.check_pool(max_model_len, bytes_per_token, free_bytes)
     eos = loaded.tokenizer.eos_token_id
     if not args.pooled:
         from minipaged.kv.per_request import UnboundedPolicy
@@ -64,29 +85,49 @@ def build_core(args: EngineArgs, loaded=None, metrics=None) -> tuple[EngineCore,
     return core, loaded
 
 
+def _kind(value) -> str:
+    return type(value).__name__
+
+
 def prompt_token_ids(prompt, tokenizer, vocab_size: int, max_model_len: int, where: str = "prompt"):
-    """(text or None, token ids) of a prompt, checked. ``where`` names it in errors (e.g. "prompts[3]")."""
+    """(text or None, token ids) of a prompt, checked. ``where`` names it in errors (e.g. "prompts[3]").
+
+    A prompt is a string, a list of token ids (Python or numpy integers), or vLLM's {"prompt": str}
+    / {"prompt_token_ids": [ids]}."""
+    import numbers
+
     if isinstance(prompt, dict):  # vLLM's TextPrompt / TokensPrompt
         if "prompt_token_ids" in prompt:
-            prompt = prompt["prompt_token_ids"]
+            where, prompt = f"{where}['prompt_token_ids']", prompt["prompt_token_ids"]
             if not isinstance(prompt, (list, tuple)):
-                raise ValueError(f"{where}['prompt_token_ids'] must be a list of token ids")
-            prompt = list(prompt)
+                raise ValueError(f"{where} must be a list of token ids, got {_kind(prompt)}")
         elif "prompt" in prompt:
-            prompt = prompt["prompt"]
+            where, prompt = f"{where}['prompt']", prompt["prompt"]
             if not isinstance(prompt, str):
-                raise ValueError(f"{where}['prompt'] must be a string, got {type(prompt).__name__}")
+                raise ValueError(f"{where} must be a string, got {_kind(prompt)}")
         else:
-            raise ValueError(f"{where} is a dict without 'prompt' or 'prompt_token_ids'")
+            raise ValueError(f"{where} is a dict without 'prompt' or 'prompt_token_ids' "
+                             f"(its keys: {sorted(map(str, prompt))})")
     if isinstance(prompt, str):
+        try:
+            prompt.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise ValueError(f"{where} is not valid text: character {e.start} ({prompt[e.start]!r}) is a lone "
+                             "surrogate, which UTF-8 cannot encode") from None
         text, ids = prompt, tokenizer.encode(prompt)
-    elif isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-        text, ids = None, list(prompt)
+    elif isinstance(prompt, (list, tuple)):
+        for i, t in enumerate(prompt):
+            if isinstance(t, bool) or not isinstance(t, numbers.Integral):
+                raise ValueError(f"{where}[{i}]={t!r} is a {_kind(t)}; a token id is an integer in [0, {vocab_size})")
+        text, ids = None, [int(t) for t in prompt]
         bad = [t for t in ids if not 0 <= t < vocab_size]
         if bad:
             raise ValueError(f"{where} has token ids outside the vocabulary [0, {vocab_size}): {bad[:5]}")
+    elif isinstance(prompt, (bytes, bytearray)):
+        raise ValueError(f"{where} is {_kind(prompt)}; decode it to a string first (e.g. prompt.decode('utf-8'))")
     else:
-        raise ValueError(f"{where} must be a string or a list of token ids, got {type(prompt).__name__}")
+        raise ValueError(f"{where} must be a string, a list of token ids, or a {{'prompt': ...}} / "
+                         f"{{'prompt_token_ids': ...}} dict; got {_kind(prompt)}")
     if not ids:
         raise ValueError(f"{where} is empty: give at least one token")
     if len(ids) >= max_model_len:
@@ -145,6 +186,10 @@ class LLMEngine:
     def get_tokenizer(self):
         return self.tokenizer
 
+    def check_invariants(self, idle: bool = False) -> None:
+        """The block managers' books agree; with idle=True, nothing is held (core.py)."""
+        self.core.check_invariants(idle)
+
     def get_metrics(self) -> list:
         """Every metric's current value (objects with ``name`` and ``value``), as vLLM V1's."""
         return self.core.metrics.snapshot()
@@ -156,8 +201,9 @@ class LLMEngine:
         if params is None:
             params = SamplingParams()
         if not isinstance(params, SamplingParams):
-            raise ValueError(f"params must be SamplingParams, got {type(params).__name__}")
-        params.validate_for(self.config.vocab_size)
+            hint = "; build one with SamplingParams(**fields)" if isinstance(params, dict) else ""
+            raise ValueError(f"sampling_params must be a SamplingParams, got {_kind(params)}{hint}")
+        params.validate_for(self.config.vocab_size, self.args.max_num_seqs)
         text, ids = prompt_token_ids(prompt, self.tokenizer, self.config.vocab_size, self.max_model_len, where)
         return text, ids, params
 
@@ -179,7 +225,11 @@ class LLMEngine:
         if not isinstance(request_id, str) or not request_id:
             raise ValueError(f"request_id={request_id!r} must be a non-empty string")
         if not isinstance(params, BeamSearchParams):
-            raise ValueError(f"params must be BeamSearchParams, got {type(params).__name__}")
+            raise ValueError(f"params must be BeamSearchParams, got {_kind(params)}")
+        params.validate()
+        if params.beam_width > self.args.max_num_seqs:
+            raise ValueError(f"BeamSearchParams.beam_width={params.beam_width} is not allowed: an integer in "
+                             f"[1, {self.args.max_num_seqs}] (max_num_seqs: the beams run side by side)")
         text, ids = prompt_token_ids(prompt, self.tokenizer, self.config.vocab_size, self.max_model_len)
         request = self.core.add_beam_request(request_id, ids, params)
         request.extra["prompt"] = text

@@ -43,6 +43,7 @@ def processed_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tens
         cumulative = torch.softmax(sorted_logits, dim=-1).cumsum(-1)
         # drop a token when the tokens before it already reach top_p (the first always stays)
         drop_sorted = (cumulative - torch.softmax(sorted_logits, dim=-1)) >= params.top_p
+        drop_sorted[0] = False  # even when top_p is below float32's smallest number (it rounds to 0)
         logits = logits.masked_fill(drop_sorted.scatter(0, order, drop_sorted), float("-inf"))
     return logits
 

@@ -17,7 +17,7 @@ from minipaged.outputs import CompletionOutput
 from minipaged.sampling_params import SamplingParams
 
 
-@dataclass
+@dataclass(eq=False)  # two sequences are the same only if they are one object
 class Sequence:
     seq_id: int
     prompt_ids: list[int]

@@ -54,7 +54,7 @@ def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: fl
     key_pos = torch.arange(ctx, device=q.device)[None, :]
     scores = scores.masked_fill(key_pos > query_pos, float("-inf"))
     probs = torch.softmax(scores, dim=-1)
-    return torch.einsum("hqk,khd->qhd", probs, v)
+    return torch.einsum("hqk,khd->qhd", probs, v).to(q.dtype)  # computed in fp32, returned in q's dtype
 
 
 def paged_attention_reference(

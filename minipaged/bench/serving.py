@@ -145,8 +145,10 @@ def run(model="smollm2-135m", requests=64, scale=0.1, kv_capacity=1536, max_mode
     from minipaged import LLM
 
     def engine(**options):
-        return LLM(model, max_model_len=max_model_len, max_num_seqs=max_num_seqs, block_size=block_size,
-                   attention_backend=attention, progress=False, **options)
+        if options["kv_policy"] != "contiguous":  # the arena's unit is one slot
+            options["block_size"] = block_size
+        return LLM(model, max_model_len=max_model_len, max_num_seqs=max_num_seqs, attention_backend=attention,
+                   progress=False, **options)
 
     static = engine(kv_policy="contiguous", reservation="max", scheduler="static", kv_capacity_tokens=kv_capacity)
     trace = make_trace(requests, scale, max_model_len, static.config.vocab_size, seed)

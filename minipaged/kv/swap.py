@@ -11,6 +11,7 @@ block. It returns the block copies to make, and the engine moves the K/V (kv/pag
 
     can_swap_out(policy, seq_ids) -> bool       room here for every block the sequences hold?
     swap_out(policy, seq_ids) -> [(dev, cpu)]   the sequences leave the policy's books and live here
+    blocks_to_resume(seq_ids, appends)          device blocks a swap-in and the next step's tokens take
     can_swap_in(policy, seq_ids, keep_free=0)   room on the device, leaving keep_free blocks free?
     swap_in(policy, seq_ids) -> [(cpu, dev)]    back into the policy, in fresh device blocks
 
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from minipaged.kv.base import blocks_for
 from minipaged.kv.shared import RefCountedBlockPool
 
 
@@ -48,6 +50,10 @@ class SwapSpace:
 
     def seq_ids(self) -> list:
         return list(self._tables)
+
+    def num_tokens(self, seq_id) -> int:
+        """Tokens whose K/V the swapped-out sequence has here."""
+        return self._tables[seq_id].num_tokens
 
     def blocks_to_swap_out(self, policy, seq_ids) -> int:
         """Distinct device blocks the sequences hold (a shared one counts once)."""
@@ -83,6 +89,24 @@ class SwapSpace:
 
     def blocks_to_swap_in(self, seq_ids) -> int:
         return len({b for s in seq_ids for b in self._tables[s].blocks})
+
+    def blocks_to_resume(self, appends) -> int:
+        """Device blocks that swapping these sequences in *and* appending ``n`` tokens to each
+        ``(seq_id, n)`` would take: the distinct blocks, the new blocks the tokens grow into, and a
+        copy on write for each shared block a token is written into (as ``SharedPolicy.blocks_needed``
+        counts them; the reference counts here are those the device blocks will have)."""
+        blocks, growth, writers = set(), 0, {}
+        for seq_id, n in appends:
+            table = self._tables[seq_id]
+            blocks.update(table.blocks)
+            growth += max(0, blocks_for(table.num_tokens + n, self.block_size) - len(table.blocks))
+            if n:
+                first = table.num_tokens // self.block_size
+                last = min((table.num_tokens + n - 1) // self.block_size, len(table.blocks) - 1)
+                for b in table.blocks[first:last + 1]:
+                    writers[b] = writers.get(b, 0) + 1
+        copies = sum(min(w, self.pool.ref_count(b) - 1) for b, w in writers.items())
+        return len(blocks) + growth + copies
 
     def can_swap_in(self, policy, seq_ids, keep_free: int = 0) -> bool:
         return self.blocks_to_swap_in(seq_ids) + keep_free <= policy.pool.num_free

@@ -25,8 +25,11 @@ Preemption, by ``preemption_mode``:
                  space cannot hold the request, it is recomputed instead (``swap_fallbacks``).
 
 Nothing starves: preempted requests return before anything new is admitted, in their original
-order. A request that could never fit (longer than the whole pool, or whose samples together could
-outgrow it) is refused with the reason when it reaches the head of the queue, and the others go on.
+order. A request that could never fit (a sample longer than the whole pool, or a beam search whose
+beams could outgrow it) is refused with the reason when it reaches the head of the queue, and the
+others go on. Samples that fit one by one but not side by side are served one request each, as a
+recompute splits them; a swapped-out request that cannot come back even into an otherwise empty
+pool is recomputed instead, so every request is either served or refused.
 
 The token budget: a step's new tokens stay within ``max_num_batched_tokens``, except that a step
 with nothing else in it always takes the head of the queue whole, so a long prompt is never starved
@@ -45,7 +48,7 @@ import itertools
 from collections import deque
 
 from minipaged.config import PREEMPTION_MODES
-from minipaged.kv.base import NoFreeMemory, blocks_for
+from minipaged.kv.base import NoFreeMemory
 from minipaged.scheduler.plan import Group, ScheduledSeq, StepPlan
 
 
@@ -120,18 +123,34 @@ class ContinuousScheduler:
                 self._preempt(self.running.pop(), plan)
 
     def _swap_in(self, plan: StepPlan) -> None:
+        running = self.num_running_seqs()
         while self.swapped:
             group = self.swapped[0]
-            if self.running and self.num_running_seqs() + group.num_seqs > self.max_num_seqs:
+            if self.running and running + group.num_seqs > self.max_num_seqs:
                 return
-            keep_free = len(group.seqs) + (self._watermark() if self.running else 0)  # +1 token each
             ids = [s.seq_id for s in group.seqs]
-            if not self.swap_space.can_swap_in(self.policy, ids, keep_free=keep_free):
+            appends = [(s.seq_id, s.num_tokens - self.swap_space.num_tokens(s.seq_id)) for s in group.seqs]
+            needed = self.swap_space.blocks_to_resume(appends)
+            if needed + (self._watermark() if self.running else 0) > self.policy.pool.num_free:
+                if not self.running and needed > self.policy.pool.num_free:
+                    # even the pool with nobody else in it is too small for the group's next step (its
+                    # samples grew apart): it comes back by recompute, one request per sample
+                    self.swapped.popleft()
+                    for seq_id in ids:
+                        self.swap_space.drop(seq_id)
+                    self.stats["swap_fallbacks"] += 1
+                    if group.beam_width:  # a beam search starts over from its prompt
+                        plan.restarted.append(group)
+                        self.waiting.appendleft(group)
+                    else:
+                        self._requeue(group)
+                    continue
                 return
             self.swapped.popleft()
             copies = self.swap_space.swap_in(self.policy, ids)
             plan.swap_in += copies
             self.stats["blocks_swapped_in"] += len(copies)
+            running += group.num_seqs
             self.running.append(group)
             self._plan(group, plan)
 
@@ -140,11 +159,12 @@ class ContinuousScheduler:
         return True
 
     def _admit(self, plan: StepPlan) -> None:
+        running = self.num_running_seqs()
         while self.waiting:
             group = self.waiting[0]
             if not self._may_admit(group):
                 return
-            if self.running and self.num_running_seqs() + group.num_seqs > self.max_num_seqs:
+            if self.running and running + group.num_seqs > self.max_num_seqs:
                 return
             if self._over_budget(group, plan):
                 return
@@ -155,11 +175,17 @@ class ContinuousScheduler:
                 except ValueError as e:  # the policy says it can never fit
                     admitted, reason = False, str(e)
                 if not admitted and reason is None:
+                    if not self.running and len(group.seqs) > 1 and not group.beam_width:
+                        # its samples do not fit side by side even in an empty pool: one request each
+                        self.waiting.popleft()
+                        self._requeue(group)
+                        continue
                     return  # first come, first served: nobody jumps the queue
             self.waiting.popleft()
             if reason is not None:
                 self._refuse(group, reason, plan)
                 continue
+            running += group.num_seqs
             self.running.append(group)
             self._plan(group, plan)
 
@@ -201,31 +227,21 @@ class ContinuousScheduler:
         return max(seq.max_new_tokens - len(seq.output_ids), 1)
 
     def _never_fits(self, group: Group) -> str | None:
-        """Why the group could never run even in an empty pool, or None. The policy checks one
-        sequence; here the samples of one request are checked together (they grow side by side)."""
-        if group.num_seqs < 2 or not hasattr(self.policy, "pool"):
+        """Why the group could never run even in an empty pool, or None. The policy checks each
+        sequence alone (``allocate`` raises ValueError). Samples that outgrow the pool together are
+        not refused: preemption by recompute splits them into one request each, and each fits alone.
+        A beam search cannot be split, so its worst case must fit whole."""
+        if not group.beam_width or not hasattr(self.policy, "pool"):
             return None
-        bs, num_blocks = self.policy.block_size, self.policy.num_blocks
-        if group.beam_width:  # beams that share nothing but the full prompt blocks
-            from minipaged.beam_search import worst_case_blocks
+        from minipaged.beam_search import worst_case_blocks
 
-            seq = group.seqs[0]
-            worst = worst_case_blocks(len(seq.prompt_ids), seq.max_new_tokens, group.beam_width, bs)
-            if worst <= num_blocks:
-                return None
-            return (f"beam search with beam_width={group.beam_width} over a {len(seq.prompt_ids)}-token prompt and "
-                    f"max_tokens={seq.max_new_tokens} may need {worst} blocks; the whole pool has {num_blocks}")
-        if group.children:  # a fresh request: the full prompt blocks are shared, the rest is private
-            seq = group.seqs[0]
-            longest = blocks_for(seq.num_tokens + self._remaining(seq), bs)
-            shared = seq.num_tokens // bs
-            worst = longest + len(group.children) * (longest - shared)
-        else:
-            worst = sum(blocks_for(s.num_tokens + self._remaining(s), bs) for s in group.seqs)
+        bs, num_blocks = self.policy.block_size, self.policy.num_blocks
+        seq = group.seqs[0]
+        worst = worst_case_blocks(len(seq.prompt_ids), seq.max_new_tokens, group.beam_width, bs)
         if worst <= num_blocks:
             return None
-        return (f"its {group.num_seqs} samples could grow to {worst} blocks together, but the pool has "
-                f"num_blocks={num_blocks}; give fewer samples (n) or fewer max_tokens")
+        return (f"beam search with beam_width={group.beam_width} over a {len(seq.prompt_ids)}-token prompt and "
+                f"max_tokens={seq.max_new_tokens} may need {worst} blocks; the whole pool has {num_blocks}")
 
     def _watermark(self) -> int:
         return getattr(self.policy, "watermark_blocks", 0)
@@ -253,10 +269,11 @@ class ContinuousScheduler:
             plan.restarted.append(group)
             self.waiting.appendleft(group)
             return
-        if len(group.seqs) <= 1:
-            self.waiting.appendleft(group)
-            return
-        # several samples: each comes back on its own, unshared, in the group's order
+        self._requeue(group)
+
+    def _requeue(self, group: Group) -> None:
+        """Put a request that holds no blocks back at the head of the queue, to be prefilled again.
+        Several samples come back as one request each, unshared, in the group's order."""
         for seq in reversed(group.seqs[1:]):
             alone = Group(next(self._group_ids), [seq])
             self._group_of[seq.seq_id] = alone

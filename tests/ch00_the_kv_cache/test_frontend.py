@@ -33,7 +33,7 @@ def test_min_tokens_above_max_tokens_rejected():
     ([], "prompts is empty"),
     ([[1, 2, 999999]], r"prompts\[0\] has token ids outside the vocabulary"),
     ([[-1]], "outside the vocabulary"),
-    (["ok", 3.5], r"prompts\[1\] must be a string or a list of token ids"),
+    (["ok", 3.5], r"prompts\[1\] must be a string, a list of token ids"),
     ([{"text": "x"}], r"prompts\[0\] is a dict without"),
 ])
 def test_bad_prompts_name_the_prompt(tiny_llm, prompts, match):
@@ -176,7 +176,7 @@ def test_chat_applies_the_template(tiny_llm):
     out = tiny_llm.chat(messages, SamplingParams(temperature=0, max_tokens=3), use_tqdm=False)
     expected = tiny_llm.tokenizer.apply_chat_template(messages)
     assert out[0].prompt == expected and expected.endswith("<|im_start|>assistant\n")
-    with pytest.raises(ValueError, match="messages is empty"):
+    with pytest.raises(ValueError, match="messages must be a non-empty list"):
         tiny_llm.chat([], SamplingParams(max_tokens=3))
     with pytest.raises(ValueError, match=r"messages\[0\]"):
         tiny_llm.chat([{"content": "no role"}], SamplingParams(max_tokens=3))

@@ -21,13 +21,6 @@ def oracle_outputs():
     return [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY, use_tqdm=False)]
 
 
-def assert_clean(llm):
-    policy = llm.engine.kv
-    policy.check_invariants()
-    usage = policy.usage()
-    assert usage.free == usage.total and usage.num_seqs == 0, f"KV memory left allocated: {usage}"
-
-
 @pytest.mark.parametrize("policy,reservation", CONFIGS)
 def test_same_greedy_tokens_as_per_request(oracle_outputs, policy, reservation):
     llm = LLM("tiny", kv_policy=policy, reservation=reservation, kv_capacity_tokens=4096, max_model_len=256,
@@ -36,20 +29,21 @@ def test_same_greedy_tokens_as_per_request(oracle_outputs, policy, reservation):
         outs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outs] == oracle_outputs
     assert max(rec.series("batch_size")) == len(PROMPTS)  # they really ran batched
-    assert_clean(llm)
+    llm.engine.check_invariants(idle=True)
 
 
 @pytest.mark.parametrize("policy,reservation", CONFIGS)
 def test_small_pool_queues_requests_and_still_agrees(oracle_outputs, policy, reservation):
     # room for about two max-length reservations: requests must wait for each other
+    blocks = {} if policy == "contiguous" else {"block_size": 8}  # the arena's unit is one slot
     llm = LLM("tiny", kv_policy=policy, reservation=reservation, kv_capacity_tokens=512, max_model_len=256,
-              block_size=8, progress=False)
+              progress=False, **blocks)
     with llm.engine.metrics.recording() as rec:
         outs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outs] == oracle_outputs
     if policy != "on_demand" and reservation == "max":
         assert max(rec.series("batch_size")) == 2  # two 256-token slabs in 512 slots
-    assert_clean(llm)
+    llm.engine.check_invariants(idle=True)
 
 
 def test_on_demand_preempts_when_the_pool_runs_dry(oracle_outputs):
@@ -58,20 +52,22 @@ def test_on_demand_preempts_when_the_pool_runs_dry(oracle_outputs):
     outs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
     assert llm.engine.stats["preemptions"] > 0, "the pool was meant to run dry; the test proves nothing"
     assert [o.outputs[0].token_ids for o in outs] == oracle_outputs
-    assert_clean(llm)
+    llm.engine.check_invariants(idle=True)
 
 
 @pytest.mark.parametrize("policy", POLICIES)
 def test_request_larger_than_the_pool_is_refused_and_the_rest_served(oracle_outputs, policy):
-    llm = LLM("tiny", kv_policy=policy, kv_capacity_tokens=128, block_size=8, max_model_len=512,
-              reservation="oracle", progress=False)
+    options = {} if policy == "contiguous" else {"block_size": 8}
+    if policy != "on_demand":  # a reserving policy sets aside prompt + max_tokens; on_demand reserves nothing
+        options["reservation"] = "oracle"
+    llm = LLM("tiny", kv_policy=policy, kv_capacity_tokens=128, max_model_len=512, progress=False, **options)
     huge = SamplingParams(temperature=0, max_tokens=300, ignore_eos=True)
     outs = llm.generate([PROMPTS[0], PROMPTS[1]], [huge, GREEDY], use_tqdm=False)
     refused, served = outs[0].outputs[0], outs[1].outputs[0]
     assert refused.finish_reason == "abort" and "pool" in refused.stop_reason and refused.token_ids == []
     assert served.token_ids == oracle_outputs[1] and served.finish_reason == "length"
     assert llm.engine.stats["refused"] == 1
-    assert_clean(llm)
+    llm.engine.check_invariants(idle=True)
 
 
 def test_bad_pool_options_are_value_errors():
@@ -109,6 +105,6 @@ def test_real_model_same_tokens_under_every_policy(real_llm):
         with llm.engine.metrics.recording() as rec:
             batched[policy] = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
         assert max(rec.series("batch_size")) == len(prompts)
-        assert_clean(llm)
+        llm.engine.check_invariants(idle=True)
     assert all(tokens == batched["on_demand"] for tokens in batched.values()), batched
     assert "Paris" in tok.decode(batched["on_demand"][0])

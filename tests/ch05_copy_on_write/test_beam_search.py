@@ -138,13 +138,6 @@ def assert_equal_up_to_rounding(got, want):
         [s.cum_logprob for o in want for s in o.sequences], rel=1e-5)
 
 
-def assert_clean(llm):
-    policy = llm.engine.kv
-    policy.check_invariants()
-    assert policy.seq_ids() == [] and policy.num_free_blocks == policy.num_blocks
-    assert policy.pending_copies() == []
-
-
 @pytest.fixture(scope="module")
 def per_request():
     return LLM("tiny", kv_policy="per_request", max_model_len=256, progress=False)
@@ -169,7 +162,7 @@ def test_shared_beams_equal_private_beams_exactly(per_request, shared, width):
         assert any(s.finish_reason == "stop" for o in got for s in o.sequences), "no beam ended on EOS"
     # all the prompts at once: the requests' beams batched together in the shared pool
     assert_equal_up_to_rounding(shared.beam_search(PROMPTS, params), ref)
-    assert_clean(shared)
+    shared.engine.check_invariants(idle=True)
 
 
 def test_beams_share_fork_copy_and_save_memory(shared):
@@ -182,7 +175,7 @@ def test_beams_share_fork_copy_and_save_memory(shared):
     assert shared.engine.stats["forks"] > forks_before and copies() > copies_before
     physical, logical = sum(rec.series("blocks_physical")), sum(rec.series("blocks_logical"))
     assert physical < 0.75 * logical  # four beams hold far less than four private copies
-    assert_clean(shared)
+    shared.engine.check_invariants(idle=True)
 
 
 def test_width_one_is_greedy_decoding(per_request, shared):
@@ -221,7 +214,7 @@ def test_a_small_pool_restarts_requests_and_leaks_nothing(shared):
     # a restarted request is recomputed in other batches, so compare what does not depend on float noise
     ref = shared.beam_search(PROMPTS[:3], params)
     assert [[s.tokens for s in o.sequences] for o in got] == [[s.tokens for s in o.sequences] for o in ref]
-    assert_clean(small)
+    small.engine.check_invariants(idle=True)
 
 
 def test_a_request_that_can_never_fit_is_refused_and_the_rest_served(shared):
@@ -232,7 +225,7 @@ def test_a_request_that_can_never_fit_is_refused_and_the_rest_served(shared):
     outs = llm.beam_search([list(range(1, 60)), PROMPTS[0]], params)
     assert outs[0].sequences == [] and "pool" in outs[0].refused
     assert beams(outs[1:]) == beams(shared.beam_search([PROMPTS[0]], params))
-    assert_clean(llm)
+    llm.engine.check_invariants(idle=True)
 
 
 @pytest.mark.parametrize("kwargs, field", [
@@ -270,4 +263,4 @@ def test_real_model_shared_beams_equal_private_beams(real_llm):
     assert_equal_up_to_rounding(llm.beam_search(prompts, params), ref)  # both prompts batched together
     assert "Paris" in got[0].sequences[0].text
     assert llm.engine.stats["forks"] > 0 and sum(rec.series("blocks_physical")) < sum(rec.series("blocks_logical"))
-    assert_clean(llm)
+    llm.engine.check_invariants(idle=True)

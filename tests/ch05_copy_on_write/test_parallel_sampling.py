@@ -17,15 +17,6 @@ def outputs(outs):
     return [[c.token_ids for c in o.outputs] for o in outs]
 
 
-def assert_clean(llm):
-    policy = llm.engine.kv
-    policy.check_invariants()
-    usage = policy.usage()
-    assert usage.free == usage.total and usage.num_seqs == 0, f"KV memory left allocated: {usage}"
-    if policy.shares_blocks:  # only a sharing policy copies blocks on write
-        assert policy.pending_copies() == []
-
-
 @pytest.fixture(scope="module")
 def per_request():
     return LLM("tiny", kv_policy="per_request", max_model_len=256, progress=False)
@@ -46,7 +37,7 @@ def test_n_samples_equal_separate_requests_with_the_derived_seeds(per_request):
     assert got == separate
     assert len({tuple(t) for t in got[0]}) == 4  # the samples really differ
     assert outputs(shared_llm().generate(PROMPTS, params, use_tqdm=False)) == got  # reproducible
-    assert_clean(llm)
+    llm.engine.check_invariants(idle=True)
 
 
 def test_the_prompt_is_prefilled_once_and_its_blocks_are_shared(per_request):
@@ -69,7 +60,7 @@ def test_the_prompt_is_prefilled_once_and_its_blocks_are_shared(per_request):
     assert len(physical) == len(logical) > 0
     assert all(p <= q for p, q in zip(physical, logical))
     assert sum(physical) < sum(logical)
-    assert_clean(shared)
+    shared.engine.check_invariants(idle=True)
 
 
 @pytest.mark.parametrize("case", ["stop_string", "stop_token", "max_tokens_1", "eos"])
@@ -103,7 +94,7 @@ def test_nothing_leaks_when_samples_end_early(per_request, case):
     assert summary(got) == summary(ref)
     if case != "max_tokens_1":
         assert any(c.finish_reason == "stop" and len(c.token_ids) < 30 for c in got), "nothing ended early"
-    assert_clean(llm)
+    llm.engine.check_invariants(idle=True)
 
 
 def test_a_refused_request_with_n_samples_leaks_nothing_and_the_rest_are_served(per_request):
@@ -115,7 +106,7 @@ def test_a_refused_request_with_n_samples_leaks_nothing_and_the_rest_are_served(
     assert all("refused" in c.stop_reason and c.token_ids == [] for c in outs[0].outputs)
     assert outputs(outs[1:]) == outputs(per_request.generate([PROMPTS[1]], fine, use_tqdm=False))
     assert llm.engine.stats["refused"] == 4
-    assert_clean(llm)
+    llm.engine.check_invariants(idle=True)
 
 
 def test_a_small_pool_preempts_samples_and_still_agrees(per_request):
@@ -124,7 +115,7 @@ def test_a_small_pool_preempts_samples_and_still_agrees(per_request):
     got = outputs(llm.generate(PROMPTS[:3], params, use_tqdm=False))
     assert llm.engine.stats["preemptions"] > 0, "the pool was meant to run dry; the test proves nothing"
     assert got == outputs(per_request.generate(PROMPTS[:3], params, use_tqdm=False))
-    assert_clean(llm)
+    llm.engine.check_invariants(idle=True)
 
 
 def test_without_a_sharing_policy_the_samples_run_as_independent_sequences():
@@ -142,7 +133,7 @@ def test_without_a_sharing_policy_the_samples_run_as_independent_sequences():
     shared = shared_llm()
     assert outputs(shared.generate([prompt], params, use_tqdm=False)) == got
     assert shared.engine.stats["forks"] == 2  # the same request forks under a sharing policy
-    assert_clean(unshared)
+    unshared.engine.check_invariants(idle=True)
 
 
 @pytest.mark.slow
@@ -157,4 +148,4 @@ def test_real_model_n_samples_equal_separate_requests(real_llm):
                                   use_tqdm=False)[0].outputs[0].token_ids for i in range(3)]
     assert got == separate
     assert llm.engine.stats["forks"] == 2
-    assert_clean(llm)
+    llm.engine.check_invariants(idle=True)

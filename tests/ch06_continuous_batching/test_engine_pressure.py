@@ -19,15 +19,6 @@ def tokens(outs):
     return [[c.token_ids for c in o.outputs] for o in outs]
 
 
-def assert_clean(llm):
-    engine = llm.engine
-    engine.policy.check_invariants()
-    assert not engine.policy.seq_ids() and engine.policy.num_free_blocks == engine.policy.num_blocks, "blocks leaked"
-    if engine.swap_space is not None:
-        engine.swap_space.check_invariants()
-        assert not engine.swap_space.seq_ids(), "the swap space leaked"
-
-
 @pytest.fixture(scope="module")
 def unpressured():
     llm = LLM("tiny", kv_policy="shared", kv_capacity_tokens=8192, block_size=4, max_model_len=128, progress=False)
@@ -51,7 +42,7 @@ def test_greedy_outputs_survive_preemption(unpressured, scheduler, mode, policy)
     if mode == "swap":
         assert stats["blocks_swapped_out"] > 0 and stats["blocks_swapped_in"] == stats["blocks_swapped_out"]
     assert got == unpressured[0]
-    assert_clean(llm)
+    llm.engine.check_invariants(idle=True)
 
 
 @pytest.mark.parametrize("mode", ["recompute", "swap"])
@@ -63,7 +54,7 @@ def test_parallel_samples_survive_preemption(unpressured, mode):
     assert stats["preemptions"] > 0 and stats["preempted_" + mode] > 0, "no preemption: the test proves nothing"
     assert stats["forks"] > 0
     assert got == unpressured[1]
-    assert_clean(llm)
+    llm.engine.check_invariants(idle=True)
 
 
 def test_swap_moves_a_shared_block_once():
@@ -84,7 +75,7 @@ def test_swap_moves_a_shared_block_once():
     assert calls, "nothing was swapped out; the test proves nothing"
     assert all(copies == distinct for _, _, distinct, copies in calls)
     assert any(n > 1 and copies < listed for n, listed, _, copies in calls), calls  # shared blocks moved once
-    assert_clean(llm)
+    llm.engine.check_invariants(idle=True)
     assert policy.num_free_blocks == policy.num_blocks
 
 
@@ -99,7 +90,7 @@ def test_static_batches_run_smaller_than_continuous_ones():
         with llm.engine.metrics.recording() as rec:
             outs = tokens(llm.generate(prompts, params, use_tqdm=False))
         runs[name] = (outs, find(llm.get_metrics(), "forward_passes").value, rec.series("batch_size"))
-        assert_clean(llm)
+        llm.engine.check_invariants(idle=True)
     assert runs["static"][0] == runs["continuous"][0]
     (_, static_passes, static_sizes), (_, continuous_passes, continuous_sizes) = runs["static"], runs["continuous"]
     assert continuous_passes < static_passes
@@ -143,7 +134,7 @@ def test_beam_search_survives_preemption(mode):
     if mode == "swap":
         assert stats.get("preempted_swap", 0) > 0 and small.engine.swap_space.stats["swap_ins"] > 0
     assert got == want
-    assert_clean(small)
+    small.engine.check_invariants(idle=True)
 
 
 @pytest.mark.slow
@@ -159,4 +150,4 @@ def test_real_model_outputs_survive_preemption(real_llm):
         assert llm.engine.stats["preemptions"] >= 3, "the pool was meant to run dry; the test proves nothing"
         assert llm.engine.stats["preempted_" + mode] > 0
         assert got == want, mode
-        assert_clean(llm)
+        llm.engine.check_invariants(idle=True)

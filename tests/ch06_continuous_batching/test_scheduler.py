@@ -107,16 +107,29 @@ def test_a_request_that_can_never_fit_is_refused_and_the_others_run():
     assert run.refused == [1] and sorted(run.finish_step) == [0, 2]
 
 
-def test_samples_that_could_outgrow_the_pool_together_are_refused_with_a_reason():
+def test_samples_that_could_outgrow_the_pool_together_are_admitted():
+    """3 samples of 70 tokens could grow to 3 x 18 blocks, more than the pool's 32, but each fits
+    alone: the request is admitted, and a preemption by recompute will split it if it must."""
     policy = make_policy("shared", num_slots=128, block_size=4, max_model_len=128)
     sched = ContinuousScheduler(policy)
     parent = Sequence(0, [1] * 40, SamplingParams(n=3, max_tokens=30), eos_token_id=-1, max_model_len=128)
     children = [Sequence(i, [1] * 40, parent.params, eos_token_id=-1, max_model_len=128, index=i) for i in (1, 2)]
     sched.add(parent, children)
     plan = sched.schedule()
-    assert [s.seq_id for s in plan.refused] == [0, 1, 2] and not plan.work
-    assert "3 samples" in parent.stop_reason and "num_blocks=32" in parent.stop_reason
-    assert not sched.has_work() and policy.num_free_blocks == policy.num_blocks
+    assert not plan.refused and [w.seq.seq_id for w in plan.work] == [0]
+
+
+def test_samples_that_do_not_fit_side_by_side_in_an_empty_pool_are_split():
+    """Without sharing, 3 samples of a 40-token prompt need 3 x 10 blocks at once; the pool has 24. In
+    an empty pool nothing would ever free room, so they become one request each."""
+    policy = make_policy("on_demand", num_slots=96, block_size=4, max_model_len=128)
+    sched = ContinuousScheduler(policy)
+    params = SamplingParams(n=3, max_tokens=8)
+    for i in range(3):
+        sched.add(Sequence(i, [1] * 40, params, eos_token_id=-1, max_model_len=128, index=i))
+    plan = sched.schedule()
+    assert not plan.refused and [w.seq.seq_id for w in plan.work] == [0, 1]  # two fit now, the third waits
+    assert [g.num_seqs for g in sched.waiting] == [1]
 
 
 def test_swap_out_and_in_keep_the_sharing():

@@ -35,15 +35,6 @@ def one_by_one(llm, prompts, params=GREEDY):
     return [o for p in prompts for o in llm.generate([p], params, use_tqdm=False)]
 
 
-def assert_clean(llm):
-    policy = llm.engine.policy
-    policy.check_invariants()
-    assert not policy.seq_ids() and policy.num_free_blocks == policy.num_blocks, "blocks leaked"
-    if llm.engine.swap_space is not None:
-        llm.engine.swap_space.check_invariants()
-        assert not llm.engine.swap_space.seq_ids(), "the swap space leaked"
-
-
 @pytest.fixture(scope="module")
 def cold():
     llm = make(False)
@@ -61,7 +52,7 @@ def test_requests_one_after_another_reuse_the_system_prompt(cold):
     saved = cold[1] - computed(llm)
     assert saved == sum(o.num_cached_tokens for o in outs) >= 7 * full_blocks
     assert llm.engine.policy.hit_rate() > 0.5
-    assert_clean(llm)
+    llm.engine.check_invariants(idle=True)
 
 
 def test_a_cold_batch_computes_the_shared_system_prompt_once(cold):
@@ -72,7 +63,7 @@ def test_a_cold_batch_computes_the_shared_system_prompt_once(cold):
     assert all(o.num_cached_tokens >= 36 for o in outs[1:]), "... the others find its blocks in the same step"
     saved = computed(plain) - computed(llm)
     assert saved == sum(o.num_cached_tokens for o in outs)
-    assert_clean(llm)
+    llm.engine.check_invariants(idle=True)
 
 
 def test_a_conversation_reuses_its_earlier_turns_including_the_answers():
@@ -86,7 +77,7 @@ def test_a_conversation_reuses_its_earlier_turns_including_the_answers():
         cached.append(out.num_cached_tokens)
         history += out.outputs[0].token_ids
     assert cached[0] == 0 and all(c >= len(SYSTEM) + 20 - 4 for c in cached[1:]), cached
-    assert_clean(llm)
+    llm.engine.check_invariants(idle=True)
 
 
 @pytest.mark.parametrize("scheduler", ["continuous", "static"])
@@ -98,7 +89,7 @@ def test_outputs_survive_preemption_and_eviction(cold, scheduler, mode):
     assert stats["preemptions"] >= 3, "the pool was meant to run dry; the test proves nothing"
     assert llm.engine.policy.evictions > 0 and llm.engine.policy.stats["hit_tokens"] > 0
     assert got == cold[0]
-    assert_clean(llm)
+    llm.engine.check_invariants(idle=True)
 
 
 def test_recompute_after_preemption_finds_its_own_blocks_again():
@@ -121,7 +112,7 @@ def test_parallel_samples_and_beam_search_are_unchanged():
         want = [[b.tokens for b in o.sequences] for o in plain.beam_search(PROMPTS[:2], beams)]
         assert got == want
     assert llm.engine.policy.stats["hit_tokens"] > 0
-    assert_clean(llm)
+    llm.engine.check_invariants(idle=True)
 
 
 def test_reset_prefix_cache_makes_the_next_request_cold(cold):
@@ -131,7 +122,7 @@ def test_reset_prefix_cache_makes_the_next_request_cold(cold):
     (out,) = llm.generate([PROMPTS[2]], GREEDY, use_tqdm=False)
     assert out.num_cached_tokens == 0 and out.outputs[0].token_ids == cold[0][2][0]
     assert not make(False).reset_prefix_cache(), "no prefix cache, nothing to reset"
-    assert_clean(llm)
+    llm.engine.check_invariants(idle=True)
 
 
 def test_an_interrupted_generate_leaks_nothing_and_leaves_no_unwritten_block_findable(cold):
@@ -147,7 +138,7 @@ def test_an_interrupted_generate_leaks_nothing_and_leaves_no_unwritten_block_fin
         llm.generate(PROMPTS[:3], GREEDY, use_tqdm=False)
     llm.engine.model.forward = forward
     assert calls and llm.engine.policy.num_cached_blocks() == 0, "the promised blocks were never written"
-    assert_clean(llm)
+    llm.engine.check_invariants(idle=True)
     outs = llm.generate(PROMPTS[:3], GREEDY, use_tqdm=False)
     assert outs[0].num_cached_tokens == 0 and tokens(outs) == cold[0][:3]
 
@@ -167,7 +158,7 @@ def test_an_interrupted_beam_search_gives_its_blocks_back():
         llm.beam_search(PROMPTS[:2], BeamSearchParams(beam_width=3, max_tokens=10, ignore_eos=True))
     llm.engine.model.forward = forward
     assert len(calls) == 3
-    assert_clean(llm)
+    llm.engine.check_invariants(idle=True)
 
 
 def test_the_token_budget_counts_only_what_a_request_computes():
@@ -203,7 +194,7 @@ def test_a_bad_request_does_not_disturb_the_cache(cold):
     with pytest.raises(ValueError, match="temperature"):
         llm.generate(PROMPTS, SamplingParams(temperature=-1))
     assert tokens(one_by_one(llm, PROMPTS[2:])) == cold[0][2:]
-    assert_clean(llm)
+    llm.engine.check_invariants(idle=True)
 
 
 @pytest.mark.slow

@@ -39,14 +39,6 @@ def tokens(outs):
     return [[c.token_ids for c in o.outputs] for o in outs]
 
 
-def assert_clean(llm):
-    policy = llm.engine.policy
-    policy.check_invariants()
-    assert not policy.seq_ids() and policy.num_free_blocks == policy.num_blocks, "blocks leaked"
-    if llm.engine.swap_space is not None:
-        assert not llm.engine.swap_space.seq_ids(), "the swap space leaked"
-
-
 @pytest.fixture(scope="module")
 def whole():
     """The oracle: prompts prefilled whole, by the per-request engine, one sequence at a time."""
@@ -61,7 +53,7 @@ def test_chunked_outputs_equal_whole_prefill_and_stay_within_the_budget(whole, b
     assert tokens(outs) == whole
     assert max(step_tokens) <= budget
     assert computed(llm) == sum(len(p) + 15 for p in PROMPTS), "every token computed exactly once"
-    assert_clean(llm)
+    llm.engine.check_invariants(idle=True)
 
 
 def test_without_chunks_a_long_prompt_makes_a_long_step(whole):
@@ -108,7 +100,7 @@ def test_chunks_under_memory_pressure_keep_the_tokens(whole, policy, mode):
     if policy != "block_table":  # reserving memory up front never preempts
         assert llm.engine.stats["preemptions"] > 0
     assert max(step_tokens) <= 8
-    assert_clean(llm)
+    llm.engine.check_invariants(idle=True)
 
 
 def test_a_chunk_promises_only_the_blocks_it_fills():
@@ -142,7 +134,7 @@ def test_with_the_prefix_cache_chunks_promise_only_what_they_write():
     # LONG that has slots already, a whole number of blocks, and computes the rest itself
     assert outs[1].num_cached_tokens % 4 == 0 and 0 < outs[1].num_cached_tokens <= 120
     assert computed(llm) == sum(map(len, prompts)) + 2 * 15 - outs[1].num_cached_tokens
-    assert_clean(llm)
+    llm.engine.check_invariants(idle=True)
 
 
 def test_parallel_samples_fork_after_the_last_chunk():
@@ -154,7 +146,7 @@ def test_parallel_samples_fork_after_the_last_chunk():
     # each prompt computed once, by its first sample, then 11 decodes for each of the 3 samples: a fork
     # before the last chunk would have had the children compute the prompt again
     assert computed(llm) == len(LONG) + len(PROMPTS[0]) + 2 * 3 * 11
-    assert_clean(llm)
+    llm.engine.check_invariants(idle=True)
 
 
 def test_beam_search_still_works_with_chunked_prefill_on():
@@ -195,7 +187,7 @@ def test_a_bad_request_among_chunked_ones_is_refused_and_the_others_go_on(whole)
     outs = llm.generate([PROMPTS[0], too_long, PROMPTS[1]], GREEDY, use_tqdm=False)
     assert outs[1].outputs[0].finish_reason == "abort"
     assert [outs[0].outputs[0].token_ids, outs[2].outputs[0].token_ids] == [whole[0][0], whole[1][0]]
-    assert_clean(llm)
+    llm.engine.check_invariants(idle=True)
 
 
 @pytest.mark.slow
@@ -216,4 +208,4 @@ def test_smollm2_answers_the_same_with_its_prompts_in_chunks():
     assert len(outs[0].prompt_token_ids) > 300
     assert tokens(outs) == ref
     assert max(rec.series("num_tokens")) <= 32
-    assert_clean(llm)
+    llm.engine.check_invariants(idle=True)

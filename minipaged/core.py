@@ -227,7 +227,8 @@ class EngineCore:
             self._preemptions.inc(plan.preempted)
         self._swapped_out.inc(len(plan.swap_out))
         self._swapped_in.inc(len(plan.swap_in))
-        if not plan.work:
+        if not plan.work:  # every running request was preempted, or refused: no forward pass this step
+            self.runner.swap_blocks(plan.swap_out, plan.swap_in)  # but what was swapped out must leave now
             if not (plan.refused or plan.preempted) and self.scheduler.has_work():  # a bug, not a full pool
                 s = self.scheduler
                 head = (s.waiting or s.swapped or s.running)[0]

@@ -59,6 +59,9 @@ class SyntheticRunner:
         self.last_num_tokens = plan.num_tokens
         return [[None] * (1 + len(work.draft)) for work in plan.work]
 
+    def swap_blocks(self, swap_out, swap_in) -> None:
+        """There is no K/V to move (a model runner copies the blocks here)."""
+
     def append_token(self, seq, row, generator) -> None:
         seq.append(self.token_of(seq), None)
 

@@ -66,7 +66,8 @@ def simulate_serving(scheduler: str, policy, requests, *, max_num_seqs: int = 25
     samples per request are forked from the first when the policy shares blocks. Checks the
     policy's invariants after every step and that nothing is left allocated at the end.
     """
-    args = EngineArgs(model="synthetic", kv_policy=policy.name, block_size=policy.block_size,
+    blocks = {} if policy.name == "contiguous" else {"block_size": policy.block_size}  # the arena's unit: a slot
+    args = EngineArgs(model="synthetic", kv_policy=policy.name, **blocks,
                       kv_capacity_tokens=max(policy.num_slots, policy.block_size), scheduler=scheduler,
                       max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                       preemption_mode=preemption_mode, swap_space_tokens=swap_blocks * policy.block_size,

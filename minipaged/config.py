@@ -250,14 +250,15 @@ class EngineArgs:
         max_model_len; a smaller pool would refuse them all)."""
         from minipaged.kv.base import blocks_for
 
-        on_host = self.device == "cpu"
-        needs = {self.device: self.kv_capacity_tokens if self.pooled else 0}
-        needs["cpu"] = needs.get("cpu", 0) + self.swap_tokens  # the swap space is host memory
-        for device, tokens in needs.items():
+        kv = self.kv_capacity_tokens if self.pooled else 0
+        if self.device == "cpu":  # the pool and the swap space share the host's memory
+            needs = [("cpu", kv + self.swap_tokens, "kv_capacity_tokens + swap_space_tokens" if self.swap_tokens
+                      else "kv_capacity_tokens")]
+        else:
+            needs = [(self.device, kv, "kv_capacity_tokens"), ("cpu", self.swap_tokens, "swap_space_tokens")]
+        for device, tokens, what in needs:
             available = free_bytes(device) if tokens else None
             if available is not None and tokens * bytes_per_token > available:
-                what = "kv_capacity_tokens + swap_space_tokens" if on_host and self.swap_tokens else (
-                    "swap_space_tokens" if device == "cpu" and not on_host else "kv_capacity_tokens")
                 raise ValueError(f"{what}={tokens} need {tokens * bytes_per_token / 2**30:.1f} GiB of K/V "
                                  f"({bytes_per_token} bytes a token), but {device!r} has "
                                  f"{available / 2**30:.1f} GiB free: at most {available // bytes_per_token} tokens")

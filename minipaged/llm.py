@@ -135,7 +135,6 @@ class LLM:
         if not self.engine.policy.can_fork:
             raise ValueError(f"beam_search needs kv_policy='shared' (beams share blocks) or 'per_request' "
                              f"(private copies); kv_policy={self.kv_policy!r} cannot fork a sequence")
-        params.validate()
         prompts = self._prompt_list(prompts)
         ids = [prompt_token_ids(p, self.tokenizer, self.config.vocab_size, self.max_model_len, f"prompts[{i}]")[1]
                for i, p in enumerate(prompts)]

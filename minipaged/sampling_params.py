@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
+from minipaged.config import _is_int
+
 
 class RequestOutputKind(Enum):
     """What each RequestOutput of a request carries while it runs, as in vLLM."""
@@ -39,10 +41,6 @@ def _fail(name, value, allowed, owner="SamplingParams"):
 
 def _fail_beam(name, value, allowed):
     _fail(name, value, allowed, owner="BeamSearchParams")
-
-
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _is_number(value) -> bool:

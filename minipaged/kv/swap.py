@@ -12,7 +12,7 @@ block. It returns the block copies to make, and the engine moves the K/V (kv/pag
     can_swap_out(policy, seq_ids) -> bool       room here for every block the sequences hold?
     swap_out(policy, seq_ids) -> [(dev, cpu)]   the sequences leave the policy's books and live here
     blocks_to_resume(seq_ids, appends)          device blocks a swap-in and the next step's tokens take
-    can_swap_in(policy, seq_ids, keep_free=0)   room on the device, leaving keep_free blocks free?
+    can_swap_in(policy, seq_ids)                room on the device for the blocks alone?
     swap_in(policy, seq_ids) -> [(cpu, dev)]    back into the policy, in fresh device blocks
 
 A request's sequences move together. Blocks that several of them share (parallel samples share the
@@ -108,8 +108,8 @@ class SwapSpace:
         copies = sum(min(w, self.pool.ref_count(b) - 1) for b, w in writers.items())
         return len(blocks) + growth + copies
 
-    def can_swap_in(self, policy, seq_ids, keep_free: int = 0) -> bool:
-        return self.blocks_to_swap_in(seq_ids) + keep_free <= policy.pool.num_free
+    def can_swap_in(self, policy, seq_ids) -> bool:
+        return self.blocks_to_swap_in(seq_ids) <= policy.pool.num_free
 
     def swap_in(self, policy, seq_ids) -> list[tuple[int, int]]:
         """Move the sequences back into the policy. Returns the (CPU block, device block) copies.

@@ -139,11 +139,7 @@ class ContinuousScheduler:
                     for seq_id in ids:
                         self.swap_space.drop(seq_id)
                     self.stats["swap_fallbacks"] += 1
-                    if group.beam_width:  # a beam search starts over from its prompt
-                        plan.restarted.append(group)
-                        self.waiting.appendleft(group)
-                    else:
-                        self._requeue(group)
+                    self._requeue(group, plan)
                     continue
                 return
             self.swapped.popleft()
@@ -178,7 +174,7 @@ class ContinuousScheduler:
                     if not self.running and len(group.seqs) > 1 and not group.beam_width:
                         # its samples do not fit side by side even in an empty pool: one request each
                         self.waiting.popleft()
-                        self._requeue(group)
+                        self._requeue(group, plan)
                         continue
                     return  # first come, first served: nobody jumps the queue
             self.waiting.popleft()
@@ -265,15 +261,16 @@ class ContinuousScheduler:
         self.stats["preempted_recompute"] += 1
         for seq_id in ids:
             self.policy.free(seq_id)
-        if group.beam_width:  # a beam search starts over from its prompt (the core resets it)
+        self._requeue(group, plan)
+
+    def _requeue(self, group: Group, plan: StepPlan) -> None:
+        """Put a request that holds no blocks back at the head of the queue, to be prefilled again.
+        Several samples come back as one request each, unshared, in the group's order; a beam search
+        starts over from its prompt (``plan.restarted``: the core resets it)."""
+        if group.beam_width:
             plan.restarted.append(group)
             self.waiting.appendleft(group)
             return
-        self._requeue(group)
-
-    def _requeue(self, group: Group) -> None:
-        """Put a request that holds no blocks back at the head of the queue, to be prefilled again.
-        Several samples come back as one request each, unshared, in the group's order."""
         for seq in reversed(group.seqs[1:]):
             alone = Group(next(self._group_ids), [seq])
             self._group_of[seq.seq_id] = alone

@@ -18,6 +18,14 @@ that stops iterating (a closed connection cancels its task) aborts its request, 
 back to the pool at the next step. An exception inside a step (a bug, not bad input) is raised in
 every waiting ``generate``, the engine gives every block back, and the thread goes on serving.
 
+Whoever wants to look inside the engine (the server's /metrics and /dashboard) asks the thread:
+``await engine.inspect(fn)`` runs ``fn(llm_engine)`` between two steps and returns its result, so
+no other thread ever reads the engine's books while a step changes them.
+
+``stop()`` is the graceful end (the server calls it on SIGTERM): new requests are refused with
+``EngineStopped``, every running one is aborted and its ``generate`` raises ``RequestAborted``
+(the server ends such a stream with finish_reason "abort"), and every block goes back to the pool.
+
 Not handled yet: several engine processes, back-pressure (a bounded number of waiting requests),
 priorities.
 """
@@ -25,11 +33,26 @@ priorities.
 from __future__ import annotations
 
 import asyncio
+import collections
+import concurrent.futures
 import itertools
 import threading
+import time
 
 from minipaged.config import AsyncEngineArgs, EngineArgs
 from minipaged.llm_engine import LLMEngine
+
+
+class RequestAborted(Exception):
+    """Raised in ``generate`` when the engine aborted the request (it is stopping)."""
+
+
+class EngineStopped(RuntimeError):
+    """Raised by ``generate`` once ``stop()`` was called: the engine takes no new requests."""
+
+
+USAGE_HISTORY = 600  # (time, KV usage) samples kept for the dashboard: a few minutes at one per step
+USAGE_PERIOD = 0.1  # seconds between two samples at most one per step
 
 
 class AsyncLLMEngine:
@@ -39,9 +62,13 @@ class AsyncLLMEngine:
         self._wake = threading.Event()
         self._adds: list[tuple] = []  # (request_id, prompt, params) for the thread to add
         self._aborts: list[str] = []
+        self._inspections: list[tuple] = []  # (fn, concurrent Future) to run between two steps
         self._queues: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self._ids = itertools.count()
         self._stop = False
+        self._stopping = False
+        self.usage_history: collections.deque = collections.deque(maxlen=USAGE_HISTORY)
+        self._sample_usage(force=True)
         self._thread = threading.Thread(target=self._run, name="minipaged-engine", daemon=True)
         self._thread.start()
 
@@ -72,6 +99,8 @@ class AsyncLLMEngine:
         self.engine.check_request(prompt, sampling_params)  # ValueError here, before anything is queued
         loop, queue = asyncio.get_running_loop(), asyncio.Queue()
         with self._lock:
+            if self._stopping:
+                raise EngineStopped("the engine is shutting down and takes no new requests")
             if request_id in self._queues:
                 raise ValueError(f"request_id={request_id!r} is already running; give each request its own id")
             self._queues[request_id] = (loop, queue)
@@ -96,6 +125,36 @@ class AsyncLLMEngine:
             self._queues.pop(request_id, None)
         self._wake.set()
 
+    async def inspect(self, fn):
+        """``fn(llm_engine)``, run by the engine thread between two steps; its result (or exception)."""
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        with self._lock:
+            self._inspections.append((fn, future))
+        self._wake.set()
+        return await asyncio.wrap_future(future)
+
+    @property
+    def is_running(self) -> bool:
+        """Whether the engine thread is alive (the server's /health)."""
+        return self._thread.is_alive() and not self._stop
+
+    @property
+    def num_waiting_clients(self) -> int:
+        with self._lock:
+            return len(self._queues)
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Refuse new requests, abort every running one (its ``generate`` raises RequestAborted) and
+        wait until the engine thread has given every block back."""
+        if not self._thread.is_alive():
+            return
+        done = concurrent.futures.Future()
+        with self._lock:
+            self._stopping = True
+            self._inspections.append((lambda engine: engine.abort_all(), done))
+        self._wake.set()
+        done.result(timeout=timeout)
+
     def shutdown(self) -> None:
         """Stop the background thread (the engine and its memory go with the object)."""
         self._stop = True
@@ -113,23 +172,52 @@ class AsyncLLMEngine:
             loop, queue = target
             loop.call_soon_threadsafe(queue.put_nowait, item)
 
+    def _sample_usage(self, force: bool = False) -> None:
+        now = time.time()
+        if force or not self.usage_history or now - self.usage_history[-1][0] >= USAGE_PERIOD:
+            self.usage_history.append((now, self.engine.core.kv_cache_usage()))
+
+    def _inspect(self, inspections) -> None:
+        for fn, future in inspections:
+            try:
+                result = fn(self.engine)
+            except BaseException as e:  # handed to whoever asked
+                future.set_exception(e)
+            else:
+                future.set_result(result)
+
+    def _abort_clients(self) -> None:
+        """After abort_all: every request still waiting for outputs gets RequestAborted."""
+        with self._lock:
+            waiting = list(self._queues)
+        for request_id in waiting:
+            self._deliver(request_id, RequestAborted(f"request {request_id!r} was aborted: the engine is stopping"))
+
     def _run(self) -> None:
         engine = self.engine
         while not self._stop:
             with self._lock:
                 adds, self._adds = self._adds, []
                 aborts, self._aborts = self._aborts, []
+                inspections, self._inspections = self._inspections, []
+                stopping = self._stopping
             for request_id in aborts:
                 engine.abort_request(request_id)
             for request_id, prompt, params in adds:
-                if request_id in aborts:
+                if request_id in aborts or stopping:
                     continue
                 try:
                     engine.add_request(request_id, prompt, params)
                 except ValueError as e:  # checked by the caller already; a race such as a reused id
                     self._deliver(request_id, e)
+            if aborts or adds:
+                self._sample_usage(force=True)
+            self._inspect(inspections)
+            if stopping:
+                self._abort_clients()
             if not engine.has_unfinished_requests():
-                self._wake.wait()
+                if not inspections:
+                    self._wake.wait()
                 self._wake.clear()
                 continue
             try:
@@ -143,6 +231,7 @@ class AsyncLLMEngine:
                 continue
             for out in outputs:
                 self._deliver(out.request_id, out)
+            self._sample_usage()
 
 
-__all__ = ["AsyncLLMEngine", "AsyncEngineArgs"]
+__all__ = ["AsyncLLMEngine", "AsyncEngineArgs", "RequestAborted", "EngineStopped"]

@@ -5,6 +5,7 @@
     python -m minipaged generate --file prompts.txt --temperature 0.8 --seed 1
     python -m minipaged bench cache
     python -m minipaged simulate --workload sharegpt --policy all
+    python -m minipaged serve smollm2-135m --port 8000      (an OpenAI-compatible server, chapter 11)
 
 Every option is explained by `--help` on each subcommand.
 """
@@ -109,6 +110,13 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_options(p)
     _add_sampling_options(p, max_tokens_default=64)
     p.set_defaults(func=cmd_generate)
+
+    from minipaged.server import serve
+
+    p = sub.add_parser("serve", help="an OpenAI-compatible HTTP server over the engine (chapter 11)",
+                       description=serve.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    serve.add_arguments(p)
+    p.set_defaults(func=serve.main)
 
     bench = sub.add_parser("bench", help="benchmarks (each prints ratios measured in one run)",
                            description="Benchmarks. Each one measures its alternatives side by side.")

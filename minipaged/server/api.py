@@ -48,7 +48,10 @@ from minipaged.server.protocol import ChatCompletionRequest, CompletionRequest
 
 MAX_BODY_BYTES = 4 * 2**20  # 4 MiB: far more than a prompt of max_model_len tokens needs
 
-_PARAM = re.compile(r"^(?:SamplingParams\.)?([A-Za-z_][\w.\[\]']*)(?:=|\b)")
+_PARAM = re.compile(r"^(?:SamplingParams\.)?([A-Za-z_][\w.\[\]']*?)(?=[=\s:]|$)")
+# what pydantic adds to an error's location inside a union ("prompt", "list[int]", 2): not a field
+_UNION_MEMBER = re.compile(r"^(str|int|float|bool|list\[.*\]|dict\[.*\]|.*-.*)$")
+_PROMPT_KINDS = "a string, a list of strings, a list of token ids, or a list of token-id lists"
 
 
 class APIError(Exception):
@@ -141,11 +144,16 @@ def build_app(engine: AsyncLLMEngine, served_model_name: str, api_key: str | Non
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_, e: RequestValidationError):
         first = e.errors()[0]
-        loc = [str(p) for p in first.get("loc", ()) if p != "body"]
-        param = ".".join(loc) or None
-        problem = first.get("msg", "is not valid")
-        got = first.get("input")
-        message = f"{param or 'the body'}: {problem}" + (f" (got {got!r:.80})" if param and "input" in first else "")
+        loc = [p for p in first.get("loc", ()) if p != "body"]
+        fields = [str(p) for p in loc if isinstance(p, int) or not _UNION_MEMBER.match(str(p))]
+        param = fields[0] if fields else None
+        where = ".".join(fields) or "the body"
+        if param == "prompt":
+            message = f"prompt must be {_PROMPT_KINDS}"
+        else:
+            message = f"{where}: {first.get('msg', 'is not valid')}"
+        if fields and "input" in first and param != "messages":
+            message += f" (got {first['input']!r:.80})"
         return error_response(400, message, "invalid_request_error", param)
 
     @app.exception_handler(StarletteHTTPException)

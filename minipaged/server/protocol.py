@@ -4,8 +4,9 @@
     prompts, params = completion_inputs(body)             # SamplingParams: the engine's own checks
     completion_response(body, request_id, outputs)        # the JSON the openai client expects
 
-A request goes through two checks before any work starts. pydantic checks each field's type (a
-string where a number belongs, an unknown ``stream_options`` key); then ``SamplingParams`` and the
+A request goes through two checks before any work starts. pydantic checks each field's type,
+strictly (a string where a number belongs, ``true`` for an integer, an unknown ``stream_options``
+key); then ``SamplingParams`` and the
 engine check the values (``top_p=2``, a token id outside the vocabulary), with the same ValueError
 messages ``LLM.generate`` gives. The server turns both into OpenAI's error shape with status 400.
 
@@ -25,14 +26,14 @@ from __future__ import annotations
 import time
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
 from minipaged.sampling_params import RequestOutputKind, SamplingParams
 
 
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    include_usage: bool = False
+    include_usage: StrictBool = False
 
 
 class _Request(BaseModel):
@@ -42,49 +43,49 @@ class _Request(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     model: str | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    n: int = 1
-    seed: int | None = None
-    stop: str | list[str] | None = None
-    stream: bool = False
+    temperature: StrictFloat | None = None
+    top_p: StrictFloat | None = None
+    n: StrictInt = 1
+    seed: StrictInt | None = None
+    stop: StrictStr | list[StrictStr] | None = None
+    stream: StrictBool = False
     stream_options: StreamOptions | None = None
     # vLLM's extra sampling fields
-    top_k: int | None = None
-    min_p: float | None = None
-    min_tokens: int = 0
-    ignore_eos: bool = False
-    stop_token_ids: list[int] | None = None
-    skip_special_tokens: bool = True
-    include_stop_str_in_output: bool = False
+    top_k: StrictInt | None = None
+    min_p: StrictFloat | None = None
+    min_tokens: StrictInt = 0
+    ignore_eos: StrictBool = False
+    stop_token_ids: list[StrictInt] | None = None
+    skip_special_tokens: StrictBool = True
+    include_stop_str_in_output: StrictBool = False
     # OpenAI fields this engine does not implement: fine at their neutral value, refused otherwise
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
+    presence_penalty: StrictFloat | None = None
+    frequency_penalty: StrictFloat | None = None
     logit_bias: dict[str, float] | None = None
     user: str | None = None
 
 
 class CompletionRequest(_Request):
-    prompt: str | list[str] | list[int] | list[list[int]]
-    max_tokens: int | None = 16
-    logprobs: int | None = None
-    echo: bool = False
+    prompt: StrictStr | list[StrictStr] | list[StrictInt] | list[list[StrictInt]]
+    max_tokens: StrictInt | None = 16
+    logprobs: StrictInt | None = None
+    echo: StrictBool = False
     suffix: str | None = None
-    best_of: int | None = None
+    best_of: StrictInt | None = None
 
 
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
-    role: str
-    content: str | list[dict[str, Any]] | None = None
+    role: StrictStr
+    content: StrictStr | list[dict[str, Any]] | None = None
 
 
 class ChatCompletionRequest(_Request):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: int | None = None
-    max_completion_tokens: int | None = None
-    logprobs: bool = False
-    top_logprobs: int | None = None
+    max_tokens: StrictInt | None = None
+    max_completion_tokens: StrictInt | None = None
+    logprobs: StrictBool = False
+    top_logprobs: StrictInt | None = None
     tools: list[Any] | None = None
     response_format: dict[str, Any] | None = None
 

@@ -4,8 +4,6 @@ prefix cache in ``usage``, errors, many clients at once, hang-ups, the API key a
 
 import asyncio
 import json
-import urllib.error
-import urllib.request
 
 import pytest
 
@@ -30,40 +28,6 @@ def joined(stream):
             if c.finish_reason is not None:
                 reasons.setdefault(c.index, []).append(c.finish_reason)
     return texts, reasons, usage
-
-
-def get(url, headers=None):
-    with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=30) as r:
-        return r.status, r.read().decode()
-
-
-def post(url, body: bytes, headers=None):
-    request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json", **(headers or {})})
-    try:
-        with urllib.request.urlopen(request, timeout=30) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
-
-
-def metric(server, name):
-    _, text = get(server.url + "/metrics")
-    for line in text.splitlines():
-        if line.startswith(f"minipaged:{name}{{"):
-            return float(line.rsplit(" ", 1)[1])
-    raise AssertionError(f"minipaged:{name} is not in /metrics")
-
-
-def wait_idle(server, seconds=20):
-    import time
-
-    deadline = time.time() + seconds
-    while time.time() < deadline:
-        if metric(server, "num_requests_running") == 0 and metric(server, "kv_cache_usage_perc") == 0 \
-                and metric(server, "num_requests_waiting") == 0:
-            return True
-        time.sleep(0.05)
-    return False
 
 
 # ---------------------------------------------------------------- the same answers as offline
@@ -228,12 +192,12 @@ def test_unknown_model_oversized_body_and_bad_json(server, client):
                        encode_chunked=True)
     assert connection.getresponse().status == 413
     connection.close()
-    status, body = post(server.url + "/v1/completions", b"{not json")
+    status, body = server.post("/v1/completions", b"{not json")
     assert status == 400 and "error" in body
-    status, models = get(server.url + "/v1/models")
+    status, models = server.get("/v1/models")
     assert status == 200 and json.loads(models)["data"][0]["id"] == "tiny"
     assert client.completions.create(model="tiny", prompt="still serving", max_tokens=2).choices[0].text is not None
-    assert wait_idle(server)
+    assert server.wait_idle()
 
 
 # ---------------------------------------------------------------- many clients, hang-ups, metrics
@@ -264,7 +228,7 @@ def test_32_concurrent_streaming_clients_all_finish(server, async_client):
     results = asyncio.run(main())
     assert [r for r, _ in results] == [["length"]] * 32
     assert [t for _, t in results] == [20 + i for i in range(32)]
-    assert wait_idle(server)
+    assert server.wait_idle()
 
 
 def test_hang_ups_abort_their_requests_and_free_their_blocks(server, async_client):
@@ -291,23 +255,23 @@ def test_hang_ups_abort_their_requests_and_free_their_blocks(server, async_clien
         finally:
             await client.close()
 
-    aborted_before = metric(server, "num_requests_aborted_total")
+    aborted_before = server.metric("num_requests_aborted_total")
     assert asyncio.run(main()) == [3 + i for i in range(8)]
-    assert wait_idle(server), "a hang-up left a request running or blocks held"
-    assert metric(server, "num_requests_aborted_total") - aborted_before == 9
+    assert server.wait_idle(), "a hang-up left a request running or blocks held"
+    assert server.metric("num_requests_aborted_total") - aborted_before == 9
 
 
 def test_metrics_use_vllm_names_with_a_model_label(server, client):
     client.completions.create(model="tiny", prompt="count me", max_tokens=3)
-    _, text = get(server.url + "/metrics")
+    _, text = server.get("/metrics")
     for name in ("num_requests_running", "num_requests_waiting", "kv_cache_usage_perc", "prompt_tokens_total",
                  "generation_tokens_total", "request_success_total", "num_preemptions_total",
                  "time_to_first_token_seconds_count", "inter_token_latency_seconds_bucket",
                  "e2e_request_latency_seconds_sum", "prefix_cache_queries_total", "prefix_cache_hits_total"):
         assert f'minipaged:{name}{{' in text, name
     assert 'model_name="tiny"' in text and '# TYPE minipaged:time_to_first_token_seconds histogram' in text
-    assert metric(server, "generation_tokens_total") >= 3
-    assert get(server.url + "/health")[0] == 200
+    assert server.metric("generation_tokens_total") >= 3
+    assert server.get("/health")[0] == 200
 
 
 # ---------------------------------------------------------------- the API key and the shutdown
@@ -318,14 +282,13 @@ def test_the_api_key_is_required_when_given():
         with pytest.raises(openai.AuthenticationError) as e:
             openai.OpenAI(base_url=server.url + "/v1", api_key="wrong", max_retries=0).models.list()
         assert e.value.status_code == 401
-        status, body = post(server.url + "/v1/completions", b'{"model": "tiny", "prompt": "hi"}')
+        status, body = server.post("/v1/completions", {"model": "tiny", "prompt": "hi"})
         assert status == 401 and body["error"]["type"] == "authentication_error"
         good = openai.OpenAI(base_url=server.url + "/v1", api_key="sesame", max_retries=0)
         assert good.completions.create(model="tiny", prompt="hi", max_tokens=2).usage.completion_tokens >= 1
-        with pytest.raises(urllib.error.HTTPError, match="401"):
-            get(server.url + "/metrics")
-        assert get(server.url + "/metrics", {"Authorization": "Bearer sesame"})[0] == 200
-        assert get(server.url + "/health")[0] == 200  # health checks need no key
+        assert server.get("/metrics")[0] == 401
+        assert server.get("/metrics", {"Authorization": "Bearer sesame"})[0] == 200
+        assert server.get("/health")[0] == 200  # health checks need no key
     assert server.returncode == 0
 
 

@@ -122,7 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
                            description="Benchmarks. Each one measures its alternatives side by side.")
     bench_sub = bench.add_subparsers(dest="bench", metavar="BENCHMARK")
     from minipaged.attention import bench_kernels
-    from minipaged.bench import chunked, kv_cache, prefix, roofline, serving, sharing, speculative, throughput
+    from minipaged.bench import chunked, kv_cache, online, prefix, roofline, serving, sharing, speculative, throughput
 
     for name, module, text in [
         ("cache", kv_cache, "chapter 00: decode tokens/s with the KV cache vs full recomputation"),
@@ -138,6 +138,8 @@ def build_parser() -> argparse.ArgumentParser:
                                      "per forward pass, speedup, same outputs"),
         ("throughput", throughput, "the default engine LLM(model) against HF generate (padded batches of 8) on "
                                    "two chat workloads: output tokens/s, same greedy outputs"),
+        ("online", online, "chapter 11: Poisson load through the HTTP server: normalized latency against "
+                           "request rate for static, Orca and paged; TTFT, ITL, goodput; server overhead"),
         ("kernel", bench_kernels, "chapter 10: numba PagedAttention kernels vs reference vs SDPA "
                                   "(needs a GPU; --roofline works without)"),
     ]:

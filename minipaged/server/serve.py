@@ -89,51 +89,57 @@ def main(args) -> int:
     from minipaged.server.api import MAX_BODY_BYTES, build_app
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
-    engine = AsyncLLMEngine.from_engine_args(engine_args(args))  # a ValueError here: exit 2 with the message
+    # the engine steps on this (the main) thread, where torch's OpenMP workers serve it best;
+    # the event loop runs in a thread of its own
+    engine = AsyncLLMEngine(engine_args(args), background=False)  # a ValueError here: exit 2 with the message
     app = build_app(engine, args.served_model_name or args.model, api_key=args.api_key,
                     max_body_bytes=args.max_body_bytes or MAX_BODY_BYTES)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                             timeout_graceful_shutdown=10, access_log=args.log_level in ("debug", "info"))
-    server = GracefulServer(config, engine)
-    server.run()
+    server = _server(config, engine)
+
+    def on_signal(sig, frame):  # runs on the main thread between two steps: only set flags here
+        if server.should_exit and sig == signal.SIGINT:
+            server.force_exit = True
+        server.should_exit = True
+        engine.request_stop()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, on_signal)
+    http = threading.Thread(target=server.run, name="minipaged-http")
+    http.start()
+    engine.run()  # until the server's shutdown calls engine.shutdown()
+    http.join()
+    try:
+        engine.engine.check_invariants(idle=True)
+    except AssertionError as e:
+        log.error("the engine's books disagree after shutdown: %s", e)
+        return 1
+    print("minipaged: stopped; every KV block is back in the pool", flush=True)
     return server.exit_code
 
 
-class GracefulServer:
-    """uvicorn's Server, whose SIGTERM / SIGINT first aborts everything the engine runs (in a
-    thread: the signal handler must not wait for a step), then lets uvicorn close the connections."""
+def _server(config, engine):
+    """uvicorn's Server, run off the main thread (so it installs no signal handlers: main does),
+    whose shutdown aborts everything the engine runs and then ends the engine's loop."""
+    import uvicorn
 
-    def __new__(cls, config, engine):
-        import uvicorn
+    class Server(uvicorn.Server):
+        exit_code = 0
 
-        class _Server(uvicorn.Server):
-            exit_code = 0
+        async def shutdown(self, sockets=None):
+            engine.request_stop()
+            await super().shutdown(sockets)
+            await engine.wait_stopped()
+            engine.shutdown()
 
-            def handle_exit(self, sig, frame):  # uvicorn's records the signal to re-raise it; we exit 0
-                if self.should_exit and sig == signal.SIGINT:
-                    self.force_exit = True
-                    return
-                self.should_exit = True
-                threading.Thread(target=engine.stop, name="minipaged-stop", daemon=True).start()
+        def _log_started_message(self, listeners):
+            super()._log_started_message(listeners)
+            for sock in listeners:  # the port a test (or --port 0) needs, on stdout whatever the log level
+                host, port = sock.getsockname()[:2]
+                print(f"minipaged: serving {app_model(config)} on http://{host}:{port}", flush=True)
 
-            async def shutdown(self, sockets=None):
-                await super().shutdown(sockets)
-                engine.stop()
-                try:
-                    engine.engine.check_invariants(idle=True)
-                except AssertionError as e:
-                    log.error("the engine's books disagree after shutdown: %s", e)
-                    self.exit_code = 1
-                engine.shutdown()
-                print("minipaged: stopped; every KV block is back in the pool", flush=True)
-
-            def _log_started_message(self, listeners):
-                super()._log_started_message(listeners)
-                for sock in listeners:  # the port a test (or --port 0) needs, on stdout whatever the log level
-                    host, port = sock.getsockname()[:2]
-                    print(f"minipaged: serving {app_model(config)} on http://{host}:{port}", flush=True)
-
-        return _Server(config)
+    return Server(config)
 
 
 def app_model(config) -> str:

@@ -43,10 +43,9 @@ Server overhead: the same trace, all at once (saturation), through the paged ser
 offline ``LLM(model, same options).generate`` in this process, measured back to back (the offline
 engine runs before any server starts, and is gone before the first one does): output tokens/s of
 both and the ratio, against a target of at least 90%. The server pays for HTTP, JSON, streaming,
-the asyncio engine loop, and the load generator itself, which shares this machine's cores. It also
-steps the engine on a background thread, and on two cores the same LLM.generate ran about 1.5x
-slower per step there than on the main thread (73 against 48 ms for one request), which is most of
-the gap measured so far (67%).
+the asyncio engine loop, and the load generator itself, which shares this machine's cores. The
+server steps the engine on its main thread (serve.py): from any other thread the same step runs
+about 1.5x slower on two cores, because torch's OpenMP workers spin for the main thread's team only.
 
 Noise: a GEMM of SmolLM2's shape (512 x 576 @ 576 x 576, fp32), timed on all torch threads and on
 one before the runs and again after. If all threads together are not clearly faster than one (the
@@ -59,9 +58,9 @@ the longest 150; max_model_len 256), KV capacity 1536 slots (six slabs of 256, a
 serving``), max_num_seqs 32. Without --rates the rates are fractions of the paged server's
 saturation request rate, measured first (--rate-fractions 0.25,0.5,0.75,1,1.5,2.5): from a nearly
 idle server to a paged system well past its capacity, so that each system's knee falls inside the
-range whatever the machine's speed. With SmolLM2-135M on two CPU cores (the server decodes one
-request at about 75 ms a step; saturation near 1.4 requests/s) the whole default run took 14 minutes
-(836 s); most of it is the lowest rate's arrival span (about 60 s per system) and the static
+range whatever the machine's speed. With SmolLM2-135M on two CPU cores the whole default run took
+14 minutes (836 s, on a machine busy with other work); most of it is the lowest rate's arrival span
+(about 60 s per system) and the static
 system's queue (it drains about 0.5 requests/s). With --model tiny it takes under a minute, but the
 tiny model's steps cost less than the HTTP around them, so its figure measures the server, not
 the KV policy. The SLOs (TTFT 2 s, 0.25 s/token) are loose for SmolLM2 on two cores at light load

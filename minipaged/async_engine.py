@@ -172,15 +172,14 @@ class AsyncLLMEngine:
 
     def stop(self, timeout: float = 30.0) -> None:
         """Refuse new requests, abort every running one (its ``generate`` raises RequestAborted) and
-        wait until the engine thread has given every block back."""
-        if not self._looping:
-            return
-        done = concurrent.futures.Future()
-        with self._lock:
-            self._stopping = True
-            self._inspections.append((lambda engine: engine.abort_all(), done))
+        wait until the engine thread has given every block back (``request_stop``, then wait)."""
+        self.request_stop()
         self._wake.set()
-        done.result(timeout=timeout)
+        deadline = time.time() + timeout
+        while self._looping and not (self._stopped is not None and self._stopped.done()):
+            if time.time() > deadline:
+                raise TimeoutError(f"the engine did not stop within {timeout} s")
+            time.sleep(0.01)
 
     def shutdown(self) -> None:
         """Stop the background thread (the engine and its memory go with the object)."""

@@ -29,8 +29,8 @@ no other thread ever reads the engine's books while a step changes them.
 Which thread steps. By default a background thread started here. The server passes
 ``background=False`` and calls ``run()`` on the process's main thread, with the event loop in a
 thread of its own: on a CPU, torch's OpenMP workers spin-wait between operations only for the main
-thread's team, and a step run from any other thread takes about half as long again (about 75 ms
-instead of 50 for SmolLM2 at batch 1 on two cores).
+thread's team, and a step run from any other thread is slower (``bench online`` measures what the
+server costs against offline ``generate``).
 
 Not handled yet: several engine processes, back-pressure (a bounded number of waiting requests),
 priorities.

@@ -40,9 +40,10 @@ ratios of the sustained rates, paged over static and paged over Orca (">=" when 
 highest rate tried, so the true ratio may be larger), and of the goodputs at the highest rate.
 
 Server overhead: the same trace, all at once (saturation), through the paged server and through
-offline ``LLM(model, same options).generate`` in this process, measured back to back (the offline
-engine runs before any server starts, and is gone before the first one does): output tokens/s of
-both and the ratio, against a target of at least 90%. The server pays for HTTP, JSON, streaming,
+offline ``LLM(model, same options).generate`` in this process, alternated: offline, server,
+offline (while the server idles), server. Each side keeps its better try, since one noisy half
+minute on two cores would otherwise decide the ratio; the report prints every try. Output tokens/s
+of both and the ratio, against a target of at least 90%. The server pays for HTTP, JSON, streaming,
 the asyncio engine loop, and the load generator itself, which shares this machine's cores. The
 server steps the engine on its main thread (serve.py): from any other thread the same step runs
 about 1.5x slower on two cores, because torch's OpenMP workers spin for the main thread's team only.
@@ -89,8 +90,8 @@ import os
 import random
 import sys
 import time
-from statistics import median
 
+from minipaged.bench.noise import describe_probe, gemm_probe, probe_pair
 from minipaged.bench.serving import make_trace
 from minipaged.metrics import percentile
 
@@ -101,44 +102,7 @@ SYSTEMS = [  # (label, key, server flags)
 ]
 RATE_FRACTIONS = (0.25, 0.5, 0.75, 1.0, 1.5, 2.5)
 OVERHEAD_TARGET = 0.9
-
-
-# ---------------------------------------------------------------- the noise probe
-
-def gemm_probe(repeats: int = 20, samples: int = 5) -> dict:
-    """Time a 512x576 @ 576x576 fp32 matmul (one SmolLM2-135M projection of a 512-token batch) on
-    all torch threads and on one; all threads should be about ``threads`` times faster."""
-    import torch
-
-    gen = torch.Generator().manual_seed(0)
-    a, b = torch.randn(512, 576, generator=gen), torch.randn(576, 576, generator=gen)
-    flops = 2 * 512 * 576 * 576
-
-    def sample():
-        t0 = time.perf_counter()
-        for _ in range(repeats):
-            torch.mm(a, b)
-        return (time.perf_counter() - t0) / repeats
-
-    threads = torch.get_num_threads()
-    sample()  # warm-up
-    multi = [sample() for _ in range(samples)]
-    torch.set_num_threads(1)
-    try:
-        single = [sample() for _ in range(samples)]
-    finally:
-        torch.set_num_threads(threads)
-    expected = min(single) / threads  # perfect scaling of one thread's best over every thread
-    measured = median(multi)
-    slowdown, spread = measured / expected, max(multi) / min(multi)
-    # two threads on this GEMM reach about 1.7x one; under 1.25x (a slowdown over 1.6 at 2 threads), or
-    # samples differing by half, means the threads did not have the cores to themselves
-    reliable = (threads == 1 or slowdown <= 1 + 0.6 * (threads - 1)) and spread <= 1.5
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
-    return {"threads": threads, "cpus": os.cpu_count(), "gflops": flops / measured / 1e9,
-            "gflops_one_thread": flops / min(single) / 1e9, "ms": 1000 * measured,
-            "expected_ms": 1000 * expected, "slowdown": slowdown, "spread": spread,
-            "load_average_1m": load, "reliable": reliable}
+OVERHEAD_PAIRS = 2  # offline, server, offline, server: the best of each side
 
 
 # ---------------------------------------------------------------- the load generator (stdlib only)
@@ -404,7 +368,7 @@ def run(model="smollm2-135m", rates=None, requests=24, scale=0.1, max_model_len=
 
     rates_from = "given" if rates is not None else \
         f"fractions {', '.join(f'{f:g}' for f in rate_fractions)} of the paged server's saturation rate"
-    # offline first (and gone before any server starts), then the paged server at once: back to back
+    # offline first, then the paged server and offline again, alternated (see "Server overhead" above)
     from minipaged import LLM
 
     llm = LLM(model, max_model_len=max_model_len, max_num_seqs=max_num_seqs, kv_capacity_tokens=kv_capacity,
@@ -415,11 +379,12 @@ def run(model="smollm2-135m", rates=None, requests=24, scale=0.1, max_model_len=
         _say(progress, f"offline LLM.generate: {requests} requests at once ...")
         offline = offline_run(llm, trace)
         _say(progress, f"  {offline['output_tokens_per_s']:.1f} output tok/s ({offline['seconds']:.0f} s)")
-    del llm
-    gc.collect()
+    else:
+        llm = None
     need_saturation = not skip_overhead or rates is None
     unit_gaps = poisson_arrivals(requests, 1.0, seed)
     saturation = None
+    offline_tries, server_tries = ([offline["output_tokens_per_s"]] if offline else []), []
     results = {key: {"system": label, "key": key, "flags": list(flags), "runs": []} for label, key, flags in chosen}
     order = [s for s in chosen if s[1] == "paged"] + [s for s in chosen if s[1] != "paged"]
     if need_saturation and not any(s[1] == "paged" for s in chosen):
@@ -431,12 +396,23 @@ def run(model="smollm2-135m", rates=None, requests=24, scale=0.1, max_model_len=
             _warm_up(server, model, trace)
             if key == "paged" and need_saturation:
                 t = time.perf_counter()
-                records = send_load(server, model, trace, [0.0] * requests, drain)
-                saturation = summarize(records, drain, slo_ttft, slo_normalized)
+                # OVERHEAD_PAIRS alternations of offline and server, each side's best kept: one noisy
+                # second on two cores would otherwise decide the ratio
+                for attempt in range(OVERHEAD_PAIRS if offline else 1):
+                    if attempt:
+                        again = offline_run(llm, trace)  # the server idles meanwhile
+                        offline_tries.append(again["output_tokens_per_s"])
+                        offline = max(offline, again, key=lambda o: o["output_tokens_per_s"])
+                    records = send_load(server, model, trace, [0.0] * requests, drain)
+                    run = summarize(records, drain, slo_ttft, slo_normalized)
+                    server_tries.append(run["output_tokens_per_s"])
+                    if saturation is None or run["output_tokens_per_s"] > saturation["output_tokens_per_s"]:
+                        saturation, texts = run, [r.get("text") for r in records]
                 saturation["cap_s"] = drain
-                texts = [r.get("text") for r in records]
                 saturation["same_text_as_offline"] = (sum(1 for a, b in zip(texts, offline["texts"]) if a == b)
                                                       if offline else None)
+                llm = None  # the offline engine is done: its memory goes before the sweeps
+                gc.collect()
                 _say(progress, f"  saturation (all {requests} at t=0): {saturation['output_tokens_per_s']:.1f} "
                                f"output tok/s, {saturation['requests_per_s']:.2f} req/s "
                                f"({time.perf_counter() - t:.0f} s)")
@@ -475,7 +451,8 @@ def run(model="smollm2-135m", rates=None, requests=24, scale=0.1, max_model_len=
                     "server_seconds": saturation["duration_s"], "offline_seconds": offline["seconds"],
                     "server_finished": saturation["finished"], "ratio": ratio, "target": OVERHEAD_TARGET,
                     "meets_target": ratio >= OVERHEAD_TARGET,
-                    "same_text_as_offline": saturation["same_text_as_offline"]}
+                    "same_text_as_offline": saturation["same_text_as_offline"],
+                    "offline_tries": offline_tries, "server_tries": server_tries}
     lens = [n for _, n in trace]
     result = {"model": model, "requests": requests, "scale": scale, "max_model_len": max_model_len,
               "max_num_seqs": max_num_seqs, "kv_capacity_tokens": kv_capacity, "attention_backend": attention,
@@ -484,8 +461,7 @@ def run(model="smollm2-135m", rates=None, requests=24, scale=0.1, max_model_len=
               "rates": rates, "rates_from": rates_from,
               "drain_s": drain, "slo": {"ttft_s": slo_ttft, "normalized_s_per_token": slo_normalized},
               "sustain_factor": sustain_factor,
-              "probe": {"before": probe_before, "after": probe_after,
-                        "reliable": probe_before["reliable"] and probe_after["reliable"]},
+              "probe": probe_pair(probe_before, probe_after),
               "systems": systems_out, "ratios": ratios, "saturation": saturation, "overhead": overhead,
               "seconds": None}
     if plot_dir:
@@ -564,23 +540,17 @@ def format_result(r: dict) -> str:
                      f"{'-' if good is None else f'{good:.2f}x'}")
     o = r["overhead"]
     if o:
-        lines.append(f"\nserver overhead (the paged system, all {r['requests']} requests at once, back to back):")
+        lines.append(f"\nserver overhead (the paged system, all {r['requests']} requests at once; offline and server "
+                     f"alternated, the best of each; tries: offline "
+                     f"{', '.join(f'{x:.1f}' for x in o['offline_tries'])}, server "
+                     f"{', '.join(f'{x:.1f}' for x in o['server_tries'])} tok/s):")
         lines.append(f"  through the server {o['server_output_tokens_per_s']:.1f} output tok/s "
                      f"({o['server_seconds']:.1f} s), offline LLM.generate {o['offline_output_tokens_per_s']:.1f} "
                      f"({o['offline_seconds']:.1f} s): server / offline = {100 * o['ratio']:.1f}% "
                      f"(target >= {100 * o['target']:.0f}%: {'met' if o['meets_target'] else 'NOT met'})")
         if o["same_text_as_offline"] is not None:
             lines.append(f"  the same greedy text as offline: {o['same_text_as_offline']}/{r['requests']} requests")
-    p = r["probe"]
-    for when in ("before", "after"):
-        q = p[when]
-        load = "" if q["load_average_1m"] is None else f", load average {q['load_average_1m']:.2f}"
-        lines.append(f"\nGEMM probe {when}: {q['gflops']:.1f} GFLOP/s on {q['threads']} threads, "
-                     f"{q['gflops_one_thread']:.1f} on one ({q['slowdown']:.2f}x the perfect-scaling time, "
-                     f"samples spread {q['spread']:.2f}x{load} on {q['cpus']} CPUs)")
-    if not p["reliable"]:
-        lines.append("WARNING: the GEMM probe ran much slower than expected: another process competes for the "
-                     "cores, so these numbers are unreliable; rerun on a quiet machine")
+    lines += ["\n" + line for line in describe_probe(r["probe"])]
     for path in r.get("plots", []):
         lines.append(f"saved {path}")
     lines.append(f"({r['seconds']:.0f} s in all)")

@@ -122,11 +122,14 @@ def build_parser() -> argparse.ArgumentParser:
                            description="Benchmarks. Each one measures its alternatives side by side.")
     bench_sub = bench.add_subparsers(dest="bench", metavar="BENCHMARK")
     from minipaged.attention import bench_kernels
-    from minipaged.bench import chunked, kv_cache, online, prefix, roofline, serving, sharing, speculative, throughput
+    from minipaged.bench import (chunked, decode, kv_cache, online, prefix, roofline, serving, sharing, speculative,
+                                 throughput)
 
     for name, module, text in [
         ("cache", kv_cache, "chapter 00: decode tokens/s with the KV cache vs full recomputation"),
         ("roofline", roofline, "chapter 00: FLOPs vs bytes of a decode step, against this CPU's peaks"),
+        ("decode", decode, "chapter 00: the default engine's decode tokens/s at batch 1-64 under this CPU's two "
+                           "roofs (weight streaming, the step's matmuls), and against HF generate"),
         ("sharing", sharing, "chapter 05: KV memory with block sharing vs without, on the real model"),
         ("serving", serving, "chapter 06 (the default): static + contiguous vs continuous + paged vs HF "
                              "generate, same KV memory; recompute vs swap"),

@@ -41,7 +41,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on every request")
     p.add_argument("--served-model-name", default=None, help="the model's name in the API (default: MODEL)")
     p.add_argument("--max-body-bytes", type=int, default=None, help="largest request body (default: 4 MiB)")
-    p.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"],
+                   help="uvicorn's and the server's logging (default: warning; info also logs every request)")
     engine = p.add_argument_group("engine options (EngineArgs; see minipaged/config.py)")
     defaults = EngineArgs()
     for f in dataclasses.fields(EngineArgs):
@@ -52,7 +53,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
             engine.add_argument(_flag_name(f.name), type=_json, default=None,
                                 help='JSON, e.g. \'{"method": "ngram", "num_speculative_tokens": 4}\'')
         elif isinstance(default, bool) or f.name == "enable_prefix_caching":
-            engine.add_argument(_flag_name(f.name), action=argparse.BooleanOptionalAction, default=default)
+            engine.add_argument(_flag_name(f.name), action=argparse.BooleanOptionalAction, default=default,
+                                help=f"default: {'the policy decides' if default is None else default}")
         else:
             kind = {"int": int, "float": float, "str": str}.get(type(default).__name__, _int_or_str)
             if f.name in ("max_num_batched_tokens", "swap_space_tokens", "max_model_len"):

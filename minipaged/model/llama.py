@@ -45,6 +45,8 @@ class Rotary(nn.Module):
 
     The "rotate half" layout pairs dimension i with i + Dh/2. llama.cpp's GGUF files store q and k
     permuted for a layout that pairs adjacent dimensions; the loader undoes that permutation.
+    The angles depend on the positions only, so the model computes cos and sin once per forward
+    pass (``angles``) and every layer reuses them (``rotate``).
     """
 
     def __init__(self, head_dim: int, theta: float):
@@ -52,10 +54,13 @@ class Rotary(nn.Module):
         inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
         self.register_buffer("inv_freq", inv_freq, persistent=False)  # [Dh/2]
 
-    def forward(self, x, positions):  # x [T, heads, Dh], positions [T]
+    def angles(self, positions):  # positions [T] -> cos, sin [T, 1, Dh]
         freqs = positions.float()[:, None] * self.inv_freq[None, :]  # [T, Dh/2]
-        angles = torch.cat((freqs, freqs), dim=-1)  # [T, Dh]
-        cos, sin = angles.cos()[:, None, :], angles.sin()[:, None, :]  # [T, 1, Dh]
+        angles = torch.cat((freqs, freqs), dim=-1)[:, None, :]  # [T, 1, Dh]
+        return angles.cos(), angles.sin()
+
+    @staticmethod
+    def rotate(x, cos, sin):  # x [T, heads, Dh]
         half = x.shape[-1] // 2
         rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
         return (x.float() * cos + rotated.float() * sin).to(x.dtype)
@@ -71,12 +76,12 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=False)
         self.o_proj = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=False)
 
-    def forward(self, x, positions, rotary, kv):  # x [T, D]
+    def forward(self, x, cos, sin, kv):  # x [T, D]; cos, sin [T, 1, Dh]
         T = x.shape[0]
         q = self.q_proj(x).view(T, self.num_heads, self.head_dim)  # [T, H, Dh]
         k = self.k_proj(x).view(T, self.num_kv_heads, self.head_dim)  # [T, KVH, Dh]
         v = self.v_proj(x).view(T, self.num_kv_heads, self.head_dim)  # [T, KVH, Dh]
-        q, k = rotary(q, positions), rotary(k, positions)
+        q, k = Rotary.rotate(q, cos, sin), Rotary.rotate(k, cos, sin)
         out = kv.attend(self.layer_index, q, k, v)  # [T, H, Dh]: the only line that touches the cache
         return self.o_proj(out.reshape(T, self.num_heads * self.head_dim))
 
@@ -100,8 +105,8 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, positions, rotary, kv):
-        x = x + self.self_attn(self.input_layernorm(x), positions, rotary, kv)
+    def forward(self, x, cos, sin, kv):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -126,8 +131,9 @@ class LlamaModel(nn.Module):
         other rows saves real time during prefill.
         """
         x = self.embed_tokens(token_ids)  # [T, D]
+        cos, sin = self.rotary.angles(positions)  # [T, 1, Dh] each, shared by every layer
         for layer in self.layers:
-            x = layer(x, positions, self.rotary, kv)
+            x = layer(x, cos, sin, kv)
         if logits_rows is not None:
             x = x[logits_rows]
         return self.lm_head(self.norm(x)).float()

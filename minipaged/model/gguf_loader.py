@@ -2,8 +2,8 @@
 
 GGUF is llama.cpp's single-file format: a header of key/value metadata, then tensors, many of them
 quantized (SmolLM2's file uses Q4_1 for the linear layers and Q8_0 for the embedding). The `gguf`
-package reads the file and dequantizes each tensor to fp32; we only rename tensors and undo one
-llama.cpp quirk:
+package reads the file and dequantizes each tensor to fp32; we only rename tensors, stack the
+ones the model fuses (q, k, v; gate, up), and undo one llama.cpp quirk:
 
     llama.cpp's converter permutes the rows of attn_q and attn_k so that its RoPE kernel can rotate
     *adjacent* pairs (0,1), (2,3)... Our model rotates pairs (i, i + Dh/2) like the original
@@ -22,17 +22,18 @@ import torch
 from minipaged.model.config import ModelConfig
 from minipaged.model.llama import LlamaModel
 
-# GGUF tensor name (inside blk.N.) -> our module path (inside layers.N.)
+# GGUF tensor name (inside blk.N.) -> (our weight inside layers.N., which of its stacked parts). The
+# model stacks q, k, v into one qkv_proj and gate, up into one gate_up_proj (llama.py says why).
 _LAYER_NAMES = {
-    "attn_norm": "input_layernorm",
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "ffn_norm": "post_attention_layernorm",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
+    "attn_norm": ("input_layernorm", 0),
+    "attn_q": ("self_attn.qkv_proj", 0),
+    "attn_k": ("self_attn.qkv_proj", 1),
+    "attn_v": ("self_attn.qkv_proj", 2),
+    "attn_output": ("self_attn.o_proj", 0),
+    "ffn_norm": ("post_attention_layernorm", 0),
+    "ffn_gate": ("mlp.gate_up_proj", 0),
+    "ffn_up": ("mlp.gate_up_proj", 1),
+    "ffn_down": ("mlp.down_proj", 0),
 }
 
 
@@ -102,7 +103,7 @@ def load_llama(path: str | Path, dtype=torch.float32, progress: bool = True):
     cfg = read_config(reader)
     with torch.device("meta"):
         model = LlamaModel(cfg)
-    state = {}
+    state, parts = {}, {}
     for name, array in tqdm(dequantized_tensors(reader), total=len(reader.tensors), desc="loading weights",
                             unit="tensor", disable=not progress):
         if name == "token_embd.weight":
@@ -117,7 +118,10 @@ def load_llama(path: str | Path, dtype=torch.float32, progress: bool = True):
                 array = unpermute_rope_rows(array, cfg.num_heads)
             elif kind == "attn_k":
                 array = unpermute_rope_rows(array, cfg.num_kv_heads)
-            state[f"layers.{layer}.{_LAYER_NAMES[kind]}.weight"] = array
+            target, part = _LAYER_NAMES[kind]
+            parts.setdefault(f"layers.{layer}.{target}.weight", {})[part] = array
+    for name, pieces in parts.items():  # stack the parts in order (one piece: the tensor itself)
+        state[name] = np.concatenate([pieces[i] for i in sorted(pieces)], axis=0)
     # np.array copies: F32 tensors come memory-mapped and read-only straight from the file.
     tensors = {k: torch.from_numpy(np.array(v, dtype=np.float32)).to(dtype) for k, v in state.items()}
     if cfg.tie_word_embeddings:

@@ -8,19 +8,29 @@ Backends:
     "torch_batched"  the same math in a few batched tensor operations (batched.py): the fast CPU path
     "numba"          chapter 10's numba.cuda kernels (numba_backend.py, kernels/), loaded on first use; on a
                      machine without a GPU they run in numba's CUDA simulator
+
+A forward pass calls attention once per layer with the same block tables and lengths.
+``attention_for_step(backend, block_tables, context_lens, query_lens, block_size)`` returns the
+function a step calls in every layer, ``attend(q, k_cache, v_cache)``: a backend that registers a
+planner (the batched one does) builds what depends only on the tables and lengths once, there;
+the others get a plain call of their function.
 """
 
 from __future__ import annotations
 
-from minipaged.attention.batched import paged_attention_batched
+from minipaged.attention.batched import BatchedAttention, paged_attention_batched
 from minipaged.attention.reference import paged_attention_reference
 
 _BACKENDS = {"torch": paged_attention_reference, "torch_batched": paged_attention_batched}
+_PLANNERS = {"torch_batched": BatchedAttention}  # backend -> class(block_tables, context_lens, query_lens, block_size)
 
 
-def register_backend(name: str, fn) -> None:
-    """Make a backend selectable by name (the numba kernels register themselves this way)."""
+def register_backend(name: str, fn, planner=None) -> None:
+    """Make a backend selectable by name (the numba kernels register themselves this way); ``planner``
+    optionally builds a step's per-layer attention once (see attention_for_step)."""
     _BACKENDS[name] = fn
+    if planner is not None:
+        _PLANNERS[name] = planner
 
 
 def available_backends() -> list[str]:
@@ -37,11 +47,22 @@ def _load_optional_backends() -> None:
             pass
 
 
+def _backend(name: str):
+    if name not in _BACKENDS:
+        _load_optional_backends()
+    if name not in _BACKENDS:
+        raise ValueError(f"backend={name!r} is not known; choose one of {available_backends()}")
+    return _BACKENDS[name]
+
+
 def paged_attention(q, k_cache, v_cache, block_tables, context_lens, *, scale=None, query_lens=None,
                     backend="torch"):
-    if backend not in _BACKENDS:
-        _load_optional_backends()
-    if backend not in _BACKENDS:
-        raise ValueError(f"backend={backend!r} is not known; choose one of {available_backends()}")
-    return _BACKENDS[backend](q, k_cache, v_cache, block_tables, context_lens, scale=scale,
-                              query_lens=query_lens)
+    return _backend(backend)(q, k_cache, v_cache, block_tables, context_lens, scale=scale, query_lens=query_lens)
+
+
+def attention_for_step(backend: str, block_tables, context_lens, query_lens, block_size: int):
+    """The ``attend(q, k_cache, v_cache) -> out`` that every layer of one forward pass calls."""
+    fn = _backend(backend)
+    if backend in _PLANNERS:
+        return _PLANNERS[backend](block_tables, context_lens, query_lens, block_size)
+    return lambda q, k_cache, v_cache: fn(q, k_cache, v_cache, block_tables, context_lens, query_lens=query_lens)

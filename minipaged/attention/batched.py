@@ -7,19 +7,26 @@ does the same math with a handful of batched tensor operations:
     1. gather every sequence's blocks through its block table, padded to the longest (one
        index_select over the flattened tables): [S * max_blocks, block_size, KVH, Dh] -> [S, C, KVH, Dh]
     2. place each sequence's query rows in a padded [S, max_q, H, Dh] (query j of a sequence sits at
-       position context_len - query_len + j);
-    3. one masked softmax(q Kᵀ · scale) V, by torch's scaled_dot_product_attention with grouped
-       query heads: a key is visible to a query if its position is not after the query's, which also
-       hides the padding past the context;
-    4. read the real query rows back out: [T, H, Dh].
+       position context_len - query_len + j), then fold the G = H / KVH query heads that share a K/V
+       head into that head's rows: [S, KVH, G * max_q, Dh]. Grouped-query attention then needs no copy
+       of K and V per query head;
+    3. one masked softmax(q Kᵀ · scale) V, by torch's scaled_dot_product_attention: a key is visible to
+       a query if its position is not after the query's, which also hides the padding past the context;
+    4. unfold and read the real query rows back out: [T, H, Dh].
 
-Same signature as the reference (see reference.py), selected with ``backend="torch_batched"``. The
-padding costs work and memory (S x H x max_q x C scores), so a batch with prompts in it runs the
-decodes and the other short queries (up to SHORT_QUERY tokens: chapter 09's drafts) in one such call
-and each longer prompt in a call of its own: otherwise every decode would be padded to the longest
-prompt, the common case once chapter 08 chunks prompts into every step, and every prompt to the
-longest one. The math runs in fp32, like the reference;
-the sums are grouped differently, so results agree to rounding, not bit for bit.
+Everything in steps 1, 2 and 4 that depends only on the block tables and lengths (gather indices,
+row positions, the mask) is the same in every layer. ``BatchedAttention`` builds it once; a forward
+pass (kv/paged_cache.py's PagedBatch) builds one per step and calls it in all 30 layers.
+``paged_attention_batched`` is the one-call form with the reference's signature (see reference.py),
+selected with ``backend="torch_batched"``.
+
+A batch of decodes only (every query one token, the common step) skips the padding of step 2: its
+queries already are [S, 1, H, Dh]. The padding costs work and memory (S x H x max_q x C scores), so
+a batch with prompts in it runs the decodes and the other short queries (up to SHORT_QUERY tokens:
+chapter 09's drafts) in one such call and each longer prompt in a call of its own: otherwise every
+decode would be padded to the longest prompt, the common case once chapter 08 chunks prompts into
+every step. The math runs in fp32, like the reference; the sums are grouped differently, so results
+agree to rounding, not bit for bit.
 
 Not handled: sliding windows, ALiBi, soft-capping.
 """
@@ -32,52 +39,85 @@ import torch.nn.functional as F
 SHORT_QUERY = 12  # query tokens a sequence may have and still be batched with the decodes
 
 
-def paged_attention_batched(q, k_cache, v_cache, block_tables, context_lens, *, scale=None, query_lens=None):
-    if query_lens is not None and int(query_lens.max()) > SHORT_QUERY and len(query_lens) > 1:
-        # prompts beside decodes or other prompts (chapter 08 mixes them at every step): the decodes
-        # and other short queries (chapter 09's drafts) in one batched call, each longer prompt on its
-        # own, so that nothing is padded to a prompt's length
-        qlen = query_lens.to(torch.long).cpu()
-        rows = torch.repeat_interleave(torch.arange(len(qlen)), qlen).to(q.device)  # [T]: whose query row
+class _Group:
+    """Some sequences attended in one SDPA call: their gather indices, query rows and mask."""
+
+    def __init__(self, tables, ctx, qlen, token_rows, block_size, device):
+        num_seqs = len(ctx)
+        self.token_rows = token_rows  # [T_group] rows of q that belong here (None: all of them, in order)
+        self.num_seqs, self.max_q = num_seqs, int(qlen.max())
+        max_blocks = int(((ctx + block_size - 1) // block_size).max())
+        self.width = max_blocks * block_size  # C: keys per sequence after padding
+        self.blocks = tables[:, :max_blocks].to(torch.long).clamp(min=0).flatten()  # [S * max_blocks]
+        if self.max_q == 1:
+            self.seq_of_row = self.j_of_row = None  # the queries are [S, 1, H, Dh] already
+        else:
+            self.seq_of_row = torch.repeat_interleave(torch.arange(num_seqs, device=device), qlen)  # [T]
+            first_row = torch.cumsum(qlen, 0) - qlen  # [S]
+            self.j_of_row = torch.arange(int(qlen.sum()), device=device) - first_row[self.seq_of_row]  # [T]
+        query_pos = (ctx - qlen)[:, None] + torch.arange(self.max_q, device=device)[None, :]  # [S, max_q]
+        key_pos = torch.arange(self.width, device=device)  # [C]
+        self.visible = key_pos[None, None, :] <= query_pos[:, :, None]  # [S, max_q, C]
+
+    def mask(self, group_size: int):
+        """[S, 1, G * max_q, C]: the mask of each folded query row (the G heads share it)."""
+        s, q, c = self.visible.shape
+        return self.visible[:, None, None].expand(s, 1, group_size, q, c).reshape(s, 1, group_size * q, c)
+
+    def run(self, q, k_cache, v_cache, scale):  # q [T_group, H, Dh]
+        num_heads, head_dim = q.shape[1], q.shape[2]
+        num_kv_heads = k_cache.shape[2]
+        g = num_heads // num_kv_heads
+        s, m = self.num_seqs, self.max_q
+        k = torch.index_select(k_cache, 0, self.blocks).view(s, self.width, num_kv_heads, head_dim)
+        v = torch.index_select(v_cache, 0, self.blocks).view(s, self.width, num_kv_heads, head_dim)
+        if m == 1:
+            padded = q.float().reshape(s, 1, num_heads, head_dim)
+        else:
+            padded = q.new_zeros(s, m, num_heads, head_dim, dtype=torch.float32)
+            padded[self.seq_of_row, self.j_of_row] = q.float()  # [S, max_q, H, Dh]
+        # fold the G query heads of each K/V head into its rows: [S, KVH, G * max_q, Dh]
+        folded = padded.view(s, m, num_kv_heads, g, head_dim).permute(0, 2, 3, 1, 4).reshape(
+            s, num_kv_heads, g * m, head_dim)
+        out = F.scaled_dot_product_attention(folded, k.float().transpose(1, 2), v.float().transpose(1, 2),
+                                             attn_mask=self.mask(g), scale=scale)  # [S, KVH, G * max_q, Dh]
+        out = out.view(s, num_kv_heads, g, m, head_dim).permute(0, 3, 1, 2, 4).reshape(s, m, num_heads, head_dim)
+        if m == 1:
+            return out.view(s, num_heads, head_dim)
+        return out[self.seq_of_row, self.j_of_row]  # [T_group, H, Dh]
+
+
+class BatchedAttention:
+    """A step's attention for every layer: built once from the block tables and lengths, then called
+    with each layer's q and caches."""
+
+    def __init__(self, block_tables, context_lens, query_lens, block_size: int):
+        device = block_tables.device
+        ctx = context_lens.to(device=device, dtype=torch.long)  # [S]
+        qlen = (torch.ones_like(ctx) if query_lens is None else query_lens.to(device=device, dtype=torch.long))
+        self.num_tokens = int(qlen.sum())
+        if int(qlen.max()) <= SHORT_QUERY or len(qlen) == 1:
+            self.groups = [_Group(block_tables, ctx, qlen, None, block_size, device)]
+            return
+        # prompts beside decodes or other prompts (chapter 08 mixes them at every step): the decodes and
+        # other short queries in one call, each longer prompt on its own, so nothing is padded to a prompt
+        rows = torch.repeat_interleave(torch.arange(len(qlen), device=device), qlen)  # [T]: whose query row
         short = qlen <= SHORT_QUERY
-        parts = ([short] if bool(short.any()) else []) + [torch.arange(len(qlen)) == i
+        parts = ([short] if bool(short.any()) else []) + [torch.arange(len(qlen), device=device) == i
                                                            for i in torch.nonzero(~short).flatten().tolist()]
+        self.groups = [_Group(block_tables[part], ctx[part], qlen[part], torch.nonzero(part[rows]).flatten(),
+                              block_size, device) for part in parts]
+
+    def __call__(self, q, k_cache, v_cache, scale=None):  # q [T, H, Dh] -> [T, H, Dh]
+        if scale is None:
+            scale = q.shape[-1] ** -0.5
+        if len(self.groups) == 1 and self.groups[0].token_rows is None:
+            return self.groups[0].run(q, k_cache, v_cache, scale).to(q.dtype)
         out = torch.empty_like(q)
-        for part in parts:
-            part_rows = part.to(q.device)[rows]
-            out[part_rows] = _batched(q[part_rows], k_cache, v_cache, block_tables[part.to(block_tables.device)],
-                                      context_lens[part.to(context_lens.device)], scale, qlen[part])
+        for group in self.groups:
+            out[group.token_rows] = group.run(q[group.token_rows], k_cache, v_cache, scale).to(q.dtype)
         return out
-    return _batched(q, k_cache, v_cache, block_tables, context_lens, scale, query_lens)
 
 
-def _batched(q, k_cache, v_cache, block_tables, context_lens, scale, query_lens):
-    num_seqs = block_tables.shape[0]
-    num_tokens, num_heads, head_dim = q.shape
-    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
-    if scale is None:
-        scale = head_dim ** -0.5
-    device = q.device
-    ctx = context_lens.to(device=device, dtype=torch.long)  # [S]
-    qlen = (torch.ones(num_seqs, dtype=torch.long, device=device) if query_lens is None
-            else query_lens.to(device=device, dtype=torch.long))  # [S]
-    max_q = int(qlen.max())
-    max_blocks = int(((ctx + block_size - 1) // block_size).max())
-    width = max_blocks * block_size
-    tables = block_tables[:, :max_blocks].to(device=device, dtype=torch.long).clamp(min=0)  # padding: any block
-    k = torch.index_select(k_cache, 0, tables.flatten()).view(num_seqs, width, num_kv_heads, head_dim)
-    v = torch.index_select(v_cache, 0, tables.flatten()).view(num_seqs, width, num_kv_heads, head_dim)
-
-    seq_of_row = torch.repeat_interleave(torch.arange(num_seqs, device=device), qlen)  # [T]
-    first_row = torch.cumsum(qlen, 0) - qlen  # [S]
-    j_of_row = torch.arange(num_tokens, device=device) - first_row[seq_of_row]  # [T]
-    padded = q.new_zeros(num_seqs, max_q, num_heads, head_dim, dtype=torch.float32)
-    padded[seq_of_row, j_of_row] = q.float()  # [S, max_q, H, Dh]
-
-    query_pos = (ctx - qlen)[:, None] + torch.arange(max_q, device=device)[None, :]  # [S, max_q]
-    key_pos = torch.arange(width, device=device)  # [C]
-    visible = key_pos[None, None, :] <= query_pos[:, :, None]  # [S, max_q, C]: not later, not past the context
-    out = F.scaled_dot_product_attention(  # heads first: [S, H, max_q, Dh] over [S, KVH, C, Dh]
-        padded.transpose(1, 2), k.float().transpose(1, 2), v.float().transpose(1, 2),
-        attn_mask=visible[:, None], scale=scale, enable_gqa=num_heads != num_kv_heads)
-    return out.transpose(1, 2)[seq_of_row, j_of_row].to(q.dtype)  # [T, H, Dh]
+def paged_attention_batched(q, k_cache, v_cache, block_tables, context_lens, *, scale=None, query_lens=None):
+    return BatchedAttention(block_tables, context_lens, query_lens, k_cache.shape[1])(q, k_cache, v_cache, scale)

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from minipaged.attention import paged_attention
+from minipaged.attention import attention_for_step
 from minipaged.model.config import ModelConfig
 
 
@@ -39,8 +39,8 @@ class PagedKVCache:
 
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """k, v [T, KVH, Dh] go to flat rows `slots` [T] of this layer's cache."""
-        self.k[layer].view(-1, *k.shape[1:])[slots] = k
-        self.v[layer].view(-1, *v.shape[1:])[slots] = v
+        self.k[layer].view(-1, *k.shape[1:]).index_copy_(0, slots, k)
+        self.v[layer].view(-1, *v.shape[1:]).index_copy_(0, slots, v)
 
 
 class PagedBatch:
@@ -57,11 +57,13 @@ class PagedBatch:
         self.context_lens = torch.tensor(context_lens, dtype=torch.int32, device=device)  # [S]
         self.query_lens = torch.tensor(query_lens, dtype=torch.int32, device=device)  # [S]
         self.backend = backend
+        # what attention needs besides q and the caches is the same in every layer: built once here
+        self.attention = attention_for_step(backend, self.block_tables, self.context_lens, self.query_lens,
+                                            cache.block_size)
 
     def attend(self, layer: int, q, k, v):  # q [T, H, Dh]; k, v [T, KVH, Dh]
         self.cache.write(layer, self.slots, k, v)
-        return paged_attention(q, self.cache.k[layer], self.cache.v[layer], self.block_tables,
-                               self.context_lens, query_lens=self.query_lens, backend=self.backend)
+        return self.attention(q, self.cache.k[layer], self.cache.v[layer])
 
 
 class SwapKVCache(PagedKVCache):

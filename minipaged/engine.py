@@ -27,10 +27,17 @@ from minipaged.sampling import make_generator, sample_token
 from minipaged.sequence import Sequence
 
 
-def next_token(seq: Sequence, logits: torch.Tensor, generator, tokenizer) -> None:
-    """Sample from logits [V], then append to seq with its log-probability (and top-k if asked)."""
-    token = sample_token(logits, seq.params, generator)
-    logp = torch.log_softmax(logits.float(), dim=-1)
+def next_token(seq: Sequence, logits: torch.Tensor, generator, tokenizer, logprobs: torch.Tensor | None = None,
+               greedy_token: int | None = None) -> None:
+    """Sample from logits [V], then append to seq with its log-probability (and top-k if asked).
+
+    A batched caller may pass what it computed for all rows at once: ``logprobs`` (log_softmax of
+    the logits) and ``greedy_token`` (their argmax)."""
+    if seq.params.greedy:
+        token = int(torch.argmax(logits)) if greedy_token is None else greedy_token
+    else:
+        token = sample_token(logits, seq.params, generator)
+    logp = torch.log_softmax(logits.float(), dim=-1) if logprobs is None else logprobs
     top = None
     if seq.params.logprobs is not None:
         values, ids = torch.topk(logp, max(seq.params.logprobs, 1))

@@ -4,7 +4,8 @@ the plan to a runner, and samples from what comes back.
 Every runner has the same calls:
 
     execute(plan) -> rows            one entry per planned sequence: its rows (the last token's, then
-                                     one per draft token, chapter 09), in the plan's order
+                                     one per draft token, chapter 09), in the plan's order; a model
+                                     runner's rows are StepRows (logits with their log-softmax and argmax)
     append_token(seq, row, gen)      choose the next token from one row and append it to seq
     beam_candidates(rows, width, t)  each beam's 2 * width best (token, logprob) (beam search)
     make_generator(seed)             the random generator a sample draws from (None if it needs none)
@@ -29,6 +30,25 @@ Not handled: overlapping the block copies with compute, CUDA graphs, sampling on
 from __future__ import annotations
 
 import time
+from typing import NamedTuple
+
+
+class StepRow(NamedTuple):
+    """One row of a step's logits, with what sampling needs from it computed for every row at once:
+    one log_softmax and one argmax over [rows, V] cost far less than one of each per row."""
+
+    logits: object  # [V]
+    logprobs: object  # [V]: log_softmax(logits)
+    greedy_token: int  # argmax(logits)
+
+
+def step_rows(logits) -> list[StepRow]:
+    """logits [rows, V] -> one StepRow per row."""
+    import torch
+
+    logprobs = torch.log_softmax(logits.float(), dim=-1)  # [rows, V]
+    greedy = logits.argmax(dim=-1).tolist()  # [rows]
+    return [StepRow(row, lp, g) for row, lp, g in zip(logits, logprobs, greedy)]
 
 
 class SyntheticRunner:
@@ -96,7 +116,7 @@ class ModelRunner:
     def append_token(self, seq, row, generator) -> None:
         from minipaged.engine import next_token
 
-        next_token(seq, row, generator, self.tokenizer)
+        next_token(seq, row.logits, generator, self.tokenizer, row.logprobs, row.greedy_token)
 
     def beam_candidates(self, rows, width: int, temperature: float) -> list[list[tuple[int, float]]]:
         """Each beam's 2 * width most likely (token, logprob), best first (beam_search.py)."""
@@ -104,7 +124,7 @@ class ModelRunner:
 
         from minipaged.beam_search import candidate_logprobs
 
-        return candidate_logprobs(torch.stack(rows), width, temperature)
+        return candidate_logprobs(torch.stack([row.logits for row in rows]), width, temperature)
 
     def reset(self) -> None:
         pass  # the K/V tensors stay; the policy's books say nothing in them is anyone's
@@ -139,9 +159,9 @@ class ModelRunner:
         self.swap_blocks(plan.swap_out, plan.swap_in)
         logits = self.forward([(w.seq.seq_id, w.tokens, w.cached, w.slots) for w in plan.work],
                               drafts={w.seq.seq_id: len(w.draft) for w in plan.work if w.draft})
-        rows, at = [], 0
+        flat, rows, at = step_rows(logits), [], 0
         for work in plan.work:
-            rows.append([logits[at + j] for j in range(1 + len(work.draft))])
+            rows.append(flat[at:at + 1 + len(work.draft)])
             at += 1 + len(work.draft)
         return rows
 
@@ -225,7 +245,7 @@ class PerRequestRunner(ModelRunner):
             batch = BatchOfCaches(caches, lens) if len(caches) > 1 else caches[0]
             logits = self.model(torch.tensor(tokens, device=device), torch.tensor(positions, device=device), batch,
                                 logits_rows=(torch.tensor(lens).cumsum(0) - 1).to(device))  # [S, V]
-            rows = [[row] for row in logits]
+            rows = [[row] for row in step_rows(logits)]
             self.last_num_tokens = len(tokens)
         else:  # recompute every sequence from its first token
             rows = []
@@ -233,7 +253,7 @@ class PerRequestRunner(ModelRunner):
                 ids = w.seq.all_ids[:w.cached + w.num_own]
                 logits = self.model(torch.tensor(ids, dtype=torch.long, device=device),
                                     torch.arange(len(ids), device=device), NoCache(), logits_rows=[len(ids) - 1])
-                rows.append([logits[0]])  # [V]
+                rows.append(step_rows(logits))  # one row
             self.last_num_tokens = sum(w.cached + w.num_own for w in plan.work)
         for w in plan.work:
             self.policy.commit_tokens(w.seq.seq_id, w.tokens)

@@ -122,8 +122,18 @@ def build_parser() -> argparse.ArgumentParser:
                            description="Benchmarks. Each one measures its alternatives side by side.")
     bench_sub = bench.add_subparsers(dest="bench", metavar="BENCHMARK")
     from minipaged.attention import bench_kernels
-    from minipaged.bench import (chunked, decode, kv_cache, online, prefix, roofline, serving, sharing, speculative,
-                                 throughput)
+    from minipaged.bench import (
+        chunked,
+        decode,
+        kv_cache,
+        online,
+        prefix,
+        roofline,
+        serving,
+        sharing,
+        speculative,
+        throughput,
+    )
 
     for name, module, text in [
         ("cache", kv_cache, "chapter 00: decode tokens/s with the KV cache vs full recomputation"),

@@ -13,12 +13,13 @@ One run measures, in this order:
 4. the *weight-streaming bound*: every decode step reads every weight once (and each sequence's
    cached K/V), so a step takes at least (weight bytes + K/V bytes) / read bandwidth;
 5. for each batch size, back to back on the same prompts (``context`` seeded random token ids each):
-   the default engine (``LLMEngine`` with nothing but the pool sized to fit) and HF Transformers'
-   ``generate`` on the same batch (no padding: the prompts have one length). Each times ``steps``
-   decode steps one by one (HF's through a streamer that notes when each step's tokens arrive), and
-   its tokens/s is the batch over the median step, which one burst of noise does not move. The two
-   alternate ``rounds`` times (engine, HF, engine, HF) and each keeps its best round: on a small
-   shared machine a whole round can be slowed by a neighbour, and both sides get the same chance.
+   the default engine (``LLMEngine``, nothing changed but the pool, sized to fit, and ``--dtype``)
+   and HF Transformers' ``generate`` on the same batch (no padding: the prompts have one length).
+   Each times ``steps`` decode steps one by one (HF's through a streamer that notes when each step's
+   tokens arrive), and its tokens/s is the batch over the median step, which one burst of noise does
+   not move. The two alternate ``rounds`` times (engine, HF, engine, HF) and each keeps its best
+   round: on a small shared machine a whole round can be slowed by a neighbour, and both sides get
+   the same chance.
 
 It prints each speed as a fraction of its roof (the lower of the two bounds) and the engine's as a
 ratio to HF's, with ``--json`` and a plot of tokens/s against batch size under the two roofs.
@@ -28,7 +29,7 @@ one token. From a few sequences on, the weights are shared by the batch and the 
 binds instead; the gap between a line and its roof is what the rest of the step costs (attention,
 norms, RoPE, sampling, the scheduler, Python).
 
-Not handled: prefill speed (bench throughput times whole requests), bf16 or int8 weights.
+Not handled: prefill speed (bench throughput times whole requests), quantized weights.
 """
 
 from __future__ import annotations
@@ -109,7 +110,7 @@ def make_prompts(vocab_size: int, batch: int, context: int, seed: int = 0) -> li
     return torch.randint(0, vocab_size, (batch, context), generator=gen).tolist()
 
 
-def engine_decode(loaded, prompts: list[list[int]], steps: int, model_name: str) -> dict:
+def engine_decode(loaded, prompts: list[list[int]], steps: int, model_name: str, dtype: str = "float32") -> dict:
     """The default engine's decode speed: ``steps`` decode steps after every prompt is in, each timed
     alone; tokens/s is the batch over the median step (a burst of noise moves a mean, not a median)."""
     from minipaged.config import EngineArgs
@@ -118,7 +119,7 @@ def engine_decode(loaded, prompts: list[list[int]], steps: int, model_name: str)
 
     batch, context = len(prompts), len(prompts[0])
     need = batch * (context + steps + 2)
-    args = EngineArgs(model=model_name, kv_capacity_tokens=max(8192, need + need // 8),
+    args = EngineArgs(model=model_name, dtype=dtype, kv_capacity_tokens=max(8192, need + need // 8),
                       max_num_seqs=max(64, batch), progress=False)
     engine = LLMEngine(args, loaded=loaded)
     params = SamplingParams(temperature=0.0, max_tokens=steps + 2, ignore_eos=True)
@@ -175,7 +176,7 @@ def _speed(tokens: int, batch: int, step_seconds: list[float]) -> dict:
 # ---------------------------------------------------------------- one run
 
 def run(model="smollm2-135m", batches=(1, 8, 32, 64), context=128, steps=16, rounds=2, hf=True,
-        progress=True) -> dict:
+        progress=True, dtype="float32") -> dict:
     import torch
     from tqdm import tqdm
 
@@ -189,12 +190,12 @@ def run(model="smollm2-135m", batches=(1, 8, 32, 64), context=128, steps=16, rou
 
         print("warning: the GEMM probe ran slower than expected: another process is using the cores", file=sys.stderr)
     bandwidth = read_bandwidth()
-    loaded = load_model(model, progress=progress)
+    loaded = load_model(model, dtype=dtype, progress=progress)
     hf_model = None
     if hf:
         from minipaged.bench.hf_baseline import load_hf_model
 
-        hf_model = load_hf_model() if model == "smollm2-135m" else None
+        hf_model = load_hf_model(dtype) if model == "smollm2-135m" else None
     weights = weight_bytes_read(loaded.model)
     kv_per_token = kv_bytes_per_token(loaded.config, loaded.model.dtype.itemsize)
     rows = []
@@ -207,7 +208,7 @@ def run(model="smollm2-135m", batches=(1, 8, 32, 64), context=128, steps=16, rou
                "step_mbytes": step_bytes / 1e6, "bounds": bounds, "roof": min(bounds.values()),
                "binding": min(bounds, key=bounds.get)}
         for _ in range(rounds):  # engine, HF, engine, HF ...: each side keeps its best round
-            tries = [("engine", engine_decode(loaded, prompts, steps, model))]
+            tries = [("engine", engine_decode(loaded, prompts, steps, model, dtype))]
             if hf_model is not None:
                 tries.append(("hf", hf_decode(hf_model, prompts, steps)))
             for side, got in tries:
@@ -216,7 +217,8 @@ def run(model="smollm2-135m", batches=(1, 8, 32, 64), context=128, steps=16, rou
                     row[side] = got
         rows.append(row)
     probe_after = gemm_probe()
-    result = {"model": model, "context": context, "steps": steps, "rounds": rounds, "threads": torch.get_num_threads(),
+    result = {"model": model, "dtype": dtype, "context": context, "steps": steps, "rounds": rounds,
+              "threads": torch.get_num_threads(),
               "read_gbytes_s": bandwidth / 1e9, "weight_mbytes": weights / 1e6, "rows": rows,
               "probe": probe_pair(probe_before, probe_after)}
     result["targets"] = check_targets(result)
@@ -249,7 +251,7 @@ def check_targets(result) -> list[dict]:
 
 
 def report(r) -> str:
-    lines = [f"{r['model']}, {r['threads']} threads: read bandwidth {r['read_gbytes_s']:.1f} GB/s, "
+    lines = [f"{r['model']} ({r['dtype']}), {r['threads']} threads: read bandwidth {r['read_gbytes_s']:.1f} GB/s, "
              f"{r['weight_mbytes']:.0f} MB of weights read per step; {r['context']}-token prompts, "
              f"{r['steps']} decode steps timed, best of {r['rounds']} alternated rounds"]
     has_hf = any("hf" in row for row in r["rows"])
@@ -284,6 +286,8 @@ def add_arguments(p):
     p.add_argument("--steps", type=int, default=16, help="decode steps timed per batch size (default: 16)")
     p.add_argument("--rounds", type=int, default=2,
                    help="alternations of engine and HF per batch size; each side keeps its best (default: 2)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                   help="weights and activations of both engines (default: float32, where outputs match HF's)")
     p.add_argument("--no-hf", action="store_true", help="skip HF Transformers (it runs only for smollm2-135m)")
     p.add_argument("--plot-dir", default=None, help="write decode_roofline.png here")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
@@ -293,7 +297,8 @@ def main(args) -> int:
     batches = tuple(int(b) for b in args.batches.split(","))
     if any(b < 1 for b in batches) or min(args.context, args.steps, args.rounds) < 1:
         raise ValueError("--batches, --context, --steps and --rounds must be positive integers")
-    r = run(args.model, batches, args.context, args.steps, args.rounds, hf=not args.no_hf, progress=not args.json)
+    r = run(args.model, batches, args.context, args.steps, args.rounds, hf=not args.no_hf, progress=not args.json,
+            dtype=args.dtype)
     if args.plot_dir:
         from pathlib import Path
 

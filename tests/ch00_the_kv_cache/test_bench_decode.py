@@ -74,7 +74,7 @@ def test_cli_json_and_plot(tmp_path, capsys):
 def test_bad_batches_are_refused():
     with pytest.raises(ValueError, match="--batches"):
         decode.main(argparse.Namespace(batches="0,2", context=4, steps=2, rounds=1, model="tiny", no_hf=True,
-                                       plot_dir=None, json=True))
+                                       dtype="float32", plot_dir=None, json=True))
 
 
 def test_read_bandwidth_is_plausible():

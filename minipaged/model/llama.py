@@ -12,6 +12,10 @@ The `kv` object stores k and v wherever its policy says (a tensor per request, a
 paged blocks...) and returns attention over everything the sequence has cached so far. That is the
 seam where every chapter plugs in a new memory policy without touching this file.
 
+Three things here are for speed, each measured (docs/pages/speed.md): q, k and v come from one stacked
+projection and gate and up from another; RoPE's cos and sin are computed once per forward pass; and
+`Linear` keeps a transposed copy of each weight for one- and two-row inputs.
+
 Shapes: T = number of new tokens in this forward pass (all sequences flattened together),
 D = hidden_size, H = num_heads, KVH = num_kv_heads, Dh = head_dim, V = vocab_size.
 

@@ -49,6 +49,7 @@ SRC = BUILD / "src"  # mkdocs' docs_dir: the assembled pages
 EXECUTED = BUILD / "executed"  # executed notebooks, reused while their inputs are unchanged
 SITE = ROOT / "site"
 PAGES = ROOT / "docs" / "pages"
+FIRST_PAGE = "about.md"  # "How to use this course": first in the navigation
 STYLESHEETS = ROOT / "docs" / "stylesheets"  # copied to the site as stylesheets/ (see extra_css in mkdocs.yml)
 KERNEL_NAME = "minipaged-docs"
 
@@ -489,7 +490,11 @@ def assemble(chapters: list[Chapter], notebook_files: dict[Path, Path]) -> tuple
     for page in sorted(PAGES.glob("*.md")) if PAGES.exists() else []:
         site_path = page.name
         site.add_markdown(page.relative_to(ROOT).as_posix(), site_path)
-        nav.append({first_heading(page.read_text(encoding="utf-8")) or page.stem: site_path})
+        entry = {first_heading(page.read_text(encoding="utf-8")) or page.stem: site_path}
+        if page.name == FIRST_PAGE:
+            nav.insert(1, entry)  # right after Home, before the chapters
+        else:
+            nav.append(entry)
 
     if STYLESHEETS.exists():
         shutil.copytree(STYLESHEETS, SRC / "stylesheets")

@@ -53,3 +53,15 @@ def test_one_row_and_many_rows_give_the_same_logits():
     together = model(ids, torch.arange(5), NoCache())  # [5, V]
     last = model(ids[:1], torch.arange(1), NoCache())  # one row: the transposed path
     torch.testing.assert_close(last[0], together[0], rtol=1e-4, atol=1e-4)
+
+
+def test_step_rows_equal_one_row_at_a_time():
+    from minipaged.runner import step_rows
+
+    logits = torch.randn(6, 300)
+    logits[2, 17] = logits[2, 40] = logits[2].max() + 1  # a tie: the first index wins, as argmax says
+    for row, got in zip(logits, step_rows(logits)):
+        assert got.greedy_token == int(torch.argmax(row))
+        torch.testing.assert_close(got.logprobs, torch.log_softmax(row, dim=-1))
+        assert got.logits is not None and torch.equal(got.logits, row)
+    assert step_rows(logits)[2].greedy_token == 17

@@ -95,7 +95,6 @@ class BatchedAttention:
         device = block_tables.device
         ctx = context_lens.to(device=device, dtype=torch.long)  # [S]
         qlen = (torch.ones_like(ctx) if query_lens is None else query_lens.to(device=device, dtype=torch.long))
-        self.num_tokens = int(qlen.sum())
         if int(qlen.max()) <= SHORT_QUERY or len(qlen) == 1:
             self.groups = [_Group(block_tables, ctx, qlen, None, block_size, device)]
             return

@@ -8,7 +8,8 @@ One run measures, in this order:
 1. the GEMM noise probe (bench/noise.py): a warning if another process competes for the cores;
 2. this machine's read bandwidth: summing a 1 GiB fp32 buffer, far larger than any cache;
 3. the model's matmuls alone at each batch size b: every projection of every layer and the
-   vocabulary projection, run in forward order on the model's own weights with b rows, nothing else.
+   vocabulary projection, run in forward order on the model's own weights with b rows (plain
+   F.linear, PyTorch's [out, in] layout), nothing else.
    A decode step cannot be faster than its own matmuls, so b / that time is the *arithmetic bound*;
 4. the *weight-streaming bound*: every decode step reads every weight once (and each sequence's
    cached K/V), so a step takes at least (weight bytes + K/V bytes) / read bandwidth;
@@ -46,14 +47,10 @@ def read_bandwidth(nbytes: int = 2**30, repeats: int = 5) -> float:
     """Bytes/s read by summing a large fp32 buffer (a read-only stream, as weight loading is)."""
     import torch
 
+    from minipaged.bench.roofline import best_time
+
     buf = torch.ones(nbytes // 4, dtype=torch.float32)
-    buf.sum()  # warm-up: the pages are touched
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        buf.sum()
-        best = min(best, time.perf_counter() - t0)
-    return nbytes / best
+    return nbytes / best_time(buf.sum, repeats)  # its warm-up touches the pages
 
 
 def model_linears(model) -> list:
@@ -65,9 +62,13 @@ def model_linears(model) -> list:
 
 
 def matmul_only_seconds(model, batch: int, repeats: int = 5) -> float:
-    """Best time of the step's matmuls alone: every weight, in forward order, times a [batch, in] input."""
+    """Best time of the step's matmuls alone: every weight, in forward order, times a [batch, in] input,
+    each a plain F.linear in PyTorch's [out, in] layout (the model's one- and two-row shortcut through
+    a transposed copy, model/llama.py's Linear, is not used here)."""
     import torch
     import torch.nn.functional as F
+
+    from minipaged.bench.roofline import best_time
 
     weights = model_linears(model)
     inputs = {w.shape[1]: torch.randn(batch, w.shape[1], dtype=w.dtype) for w in weights}
@@ -77,13 +78,7 @@ def matmul_only_seconds(model, batch: int, repeats: int = 5) -> float:
             F.linear(inputs[w.shape[1]], w)
 
     with torch.inference_mode():
-        run()
-        best = float("inf")
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            run()
-            best = min(best, time.perf_counter() - t0)
-    return best
+        return best_time(run, repeats)
 
 
 def matmul_flops(model, batch: int) -> float:

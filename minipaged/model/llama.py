@@ -14,7 +14,7 @@ seam where every chapter plugs in a new memory policy without touching this file
 
 Three things here are for speed, each measured (docs/pages/speed.md): q, k and v come from one stacked
 projection and gate and up from another; RoPE's cos and sin are computed once per forward pass; and
-`Linear` keeps a transposed copy of each weight for one- and two-row inputs.
+`Linear` splits a thin product over the CPU's threads.
 
 Shapes: T = number of new tokens in this forward pass (all sequences flattened together),
 D = hidden_size, H = num_heads, KVH = num_kv_heads, Dh = head_dim, V = vocab_size.
@@ -45,28 +45,30 @@ class RMSNorm(nn.Module):
 
 
 class Linear(nn.Linear):
-    """nn.Linear (no bias), plus a transposed copy of the weight for inputs of one or two rows.
+    """nn.Linear (no bias) that, for inputs of up to SPLIT_ROWS rows, runs as one batched matmul over
+    the weight's row blocks, one block per thread.
 
-    Why this is here: decoding one sequence multiplies every weight matrix by a single row, and on
-    this course's CPU MKL runs that product markedly faster with the weight laid out [in, out] than
-    with PyTorch's [out, in] (docs/pages/speed.md has the measurements); from four rows on the usual
-    layout is as fast or faster. The copy costs a second set of weights in memory (540 MB in fp32
-    for SmolLM2-135M), is made on first use, and assumes the weights do not change after loading.
+    Why this is here: a decode step multiplies every weight matrix by a handful of rows, and on this
+    course's CPU MKL runs such a thin product on one core even when two are there, at about half the
+    memory bandwidth the machine has. Viewing the weight [out, in] as P blocks [P, out / P, in] costs
+    no copy, and `torch.bmm` gives each block to its own thread: the same dot products, on every core
+    (docs/pages/speed.md has the measurements). From a few hundred rows on (prefill) MKL's own
+    threading is as fast or faster, so larger inputs take the plain path.
     """
 
-    SMALL_ROWS = 2  # inputs with at most this many rows use the transposed copy
+    SPLIT_ROWS = 128  # inputs with at most this many rows use the blocked product
 
     def __init__(self, in_features: int, out_features: int):
         super().__init__(in_features, out_features, bias=False)
-        self._transposed = None  # (the weight it was made from, that weight's storage, its [in, out] copy)
 
     def forward(self, x):  # x [T, in] -> [T, out]
-        if x.shape[0] > self.SMALL_ROWS:
+        T, (out, inp) = x.shape[0], self.weight.shape
+        parts = torch.get_num_threads()
+        if T > self.SPLIT_ROWS or parts < 2 or out % parts:
             return F.linear(x, self.weight)
-        w = self.weight
-        if self._transposed is None or self._transposed[0] is not w or self._transposed[1] != w.data_ptr():
-            self._transposed = (w, w.data_ptr(), w.detach().t().contiguous())
-        return x @ self._transposed[2]
+        blocks = self.weight.view(parts, out // parts, inp).transpose(1, 2)  # [P, in, out / P], a view
+        y = torch.bmm(x.expand(parts, T, inp), blocks)  # [P, T, out / P]
+        return y.transpose(0, 1).reshape(T, out)
 
 
 class Rotary(nn.Module):

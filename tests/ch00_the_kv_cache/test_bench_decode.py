@@ -25,6 +25,7 @@ def test_every_row_has_its_bounds_and_the_engine_made_every_token(result):
         bounds = row["bounds"]
         assert row["roof"] == min(bounds.values()) and row["binding"] in bounds
         assert bounds["arithmetic"] == pytest.approx(row["batch"] / (row["matmul_ms"] / 1e3))
+        assert row["matmul_ms"] == min(row["matmul_plain_ms"], row["matmul_model_ms"])
         read = result["read_gbytes_s"] * 1e9
         assert bounds["weight_streaming"] == pytest.approx(row["batch"] * read / (row["step_mbytes"] * 1e6))
     one, three = result["rows"]
@@ -46,6 +47,7 @@ def test_matmuls_are_the_model_weights_in_forward_order():
     first = next(m.weight for m in model.layers[0].modules() if isinstance(m, torch.nn.Linear))
     assert weights[0] is first and weights[-1] is model.lm_head.weight and len(weights) == len(linears)
     assert decode.matmul_flops(model, 2) == sum(2 * 2 * w.numel() for w in weights)
+    assert all(m.weight is w for m, w in zip(decode.model_linear_modules(model), weights, strict=True))
 
 
 def test_a_tied_embedding_is_read_once():

@@ -8,18 +8,30 @@ from minipaged.model.config import TINY
 from minipaged.model.llama import Linear, Rotary, random_model
 
 
-@pytest.mark.parametrize("rows", [1, 2, 3, 17])
-def test_linear_equals_the_plain_product_at_every_row_count(rows):
-    layer = Linear(48, 80)
+@pytest.fixture
+def threads():
+    """Run with a given number of intra-op threads, restored afterwards (the blocked product uses one
+    weight block per thread)."""
+    before = torch.get_num_threads()
+    yield torch.set_num_threads
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("num_threads", [1, 2, 3])
+@pytest.mark.parametrize("rows", [1, 2, 3, 17, Linear.SPLIT_ROWS, Linear.SPLIT_ROWS + 1])
+def test_linear_equals_the_plain_product_at_every_row_count(rows, num_threads, threads):
+    threads(num_threads)
+    layer = Linear(48, 80)  # 80 outputs: two blocks of 40 with 2 threads; 3 threads do not divide it
     torch.nn.init.normal_(layer.weight)
     x = torch.randn(rows, 48)
     torch.testing.assert_close(layer(x), F.linear(x, layer.weight), rtol=1e-5, atol=1e-5)
 
 
-def test_linear_follows_a_replaced_or_converted_weight():
+def test_linear_follows_a_replaced_or_converted_weight(threads):
+    threads(2)
     layer = Linear(16, 8)
     x = torch.randn(1, 16)
-    layer(x)  # the transposed copy is made here
+    layer(x)
     layer.weight = torch.nn.Parameter(torch.randn(8, 16))  # a new tensor, as loading assigns
     torch.testing.assert_close(layer(x), F.linear(x, layer.weight))
     layer.to(torch.float64)  # same Parameter object, new storage
@@ -44,14 +56,15 @@ def test_rotary_equals_a_rotation_of_complex_pairs():
 
 
 def test_one_row_and_many_rows_give_the_same_logits():
-    """The same tokens through the model one sequence at a time (transposed products) and all at once
-    (plain products) agree to rounding."""
+    """The same tokens through the model one row at a time (blocked products) and all at once (plain
+    products, past Linear.SPLIT_ROWS) agree to rounding."""
     from minipaged.kv.per_request import NoCache
 
     model = random_model(TINY, seed=3)
-    ids = torch.tensor([5, 9, 2, 7, 1])
-    together = model(ids, torch.arange(5), NoCache())  # [5, V]
-    last = model(ids[:1], torch.arange(1), NoCache())  # one row: the transposed path
+    n = Linear.SPLIT_ROWS + 3
+    ids = torch.randint(0, TINY.vocab_size, (n,), generator=torch.Generator().manual_seed(0))
+    together = model(ids, torch.arange(n), NoCache())  # [n, V]
+    last = model(ids[:1], torch.arange(1), NoCache())  # one row: the blocked path
     torch.testing.assert_close(last[0], together[0], rtol=1e-4, atol=1e-4)
 
 

@@ -1,0 +1,78 @@
+"""Why model/llama.py's Linear splits thin products over the threads: the measurements behind it.
+
+    python scripts/thin_matmul.py [--rows 1,2,4,8,32,128,512]
+
+For SmolLM2-135M's shapes (30 layers of qkv, o, gate-up and down projections, with random weights
+far larger than the caches, plus the vocabulary projection), it times, alternated and best of
+several tries: the four projections of all 30 layers as plain ``F.linear`` with two threads and with
+one, the same weights summed (a read-bandwidth yardstick), and, at each row count, ``F.linear``
+against one ``torch.bmm`` over the weight's two row blocks (``Linear``'s blocked product).
+
+Not handled: other models' shapes; more than two threads (the course's machine has two cores).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+import torch.nn.functional as F
+
+SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)]  # [out, in] of one layer's projections
+VOCAB = (49152, 576)
+
+
+def best(fn, tries: int = 7) -> float:
+    times = []
+    for _ in range(tries):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def blocked(x, w, parts=2):  # what Linear does: [T, in] x [out, in] -> [T, out]
+    out, inp = w.shape
+    return torch.bmm(x.expand(parts, *x.shape), w.view(parts, out // parts, inp).transpose(1, 2)) \
+        .transpose(0, 1).reshape(x.shape[0], out)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rows", default="1,2,4,8,32,128,512", help="row counts to compare (default: 1,2,4,8,32,128,512)")
+    args = p.parse_args(argv)
+    torch.manual_seed(0)
+    layers = [[torch.randn(o, i) for o, i in SHAPES] for _ in range(30)]
+    vocab = torch.randn(*VOCAB)
+    nbytes = sum(w.numel() * 4 for layer in layers for w in layer)
+    one = {i: torch.randn(1, i) for _, i in SHAPES}
+    before = torch.get_num_threads()
+    with torch.inference_mode():
+        print(f"the 30 layers' projections at one row ({nbytes / 1e6:.0f} MB of weights):")
+        for threads in (2, 1):
+            torch.set_num_threads(threads)
+            t = best(lambda: [F.linear(one[w.shape[1]], w) for layer in layers for w in layer])
+            print(f"  F.linear, {threads} thread(s): {t * 1e3:6.1f} ms  {nbytes / t / 1e9:5.1f} GB/s")
+        torch.set_num_threads(2)
+        t = best(lambda: [w.sum() for layer in layers for w in layer])
+        print(f"  summing the same weights, 2 threads: {t * 1e3:6.1f} ms  {nbytes / t / 1e9:5.1f} GB/s")
+        print("F.linear against the blocked product (2 threads), best of alternated tries:")
+        for rows in [int(r) for r in args.rows.split(",")]:
+            xs = {i: torch.randn(rows, i) for _, i in SHAPES}
+            xv = torch.randn(rows, VOCAB[1])
+            cases = {"layers F.linear": lambda xs=xs: [F.linear(xs[w.shape[1]], w) for layer in layers for w in layer],
+                     "layers blocked": lambda xs=xs: [blocked(xs[w.shape[1]], w) for layer in layers for w in layer],
+                     "vocab F.linear": lambda xv=xv: F.linear(xv, vocab),
+                     "vocab blocked": lambda xv=xv: blocked(xv, vocab)}
+            got = {k: float("inf") for k in cases}
+            for _ in range(2):
+                for k, fn in cases.items():
+                    got[k] = min(got[k], best(fn, 5))
+            print(f"  {rows:4} rows: " + "  ".join(f"{k} {v * 1e3:7.2f} ms" for k, v in got.items()))
+    torch.set_num_threads(before)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -16,6 +16,8 @@ import time
 import torch
 import torch.nn.functional as F
 
+from minipaged.bench.roofline import best_time
+
 SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)]
 
 
@@ -31,14 +33,6 @@ class Projections(torch.nn.Module):
         a = F.linear(a, self.ws[2])[:, :1536]
         return F.linear(a, self.ws[3])
 
-
-def best(fn, tries=7):
-    times = []
-    for _ in range(tries):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times)
 
 
 def main(argv=None) -> int:
@@ -60,11 +54,12 @@ def main(argv=None) -> int:
         return y
 
     with torch.no_grad():
-        print(f"eager:    {best(lambda: run(mods)) * 1e3:.1f} ms")
+        print(f"eager:    {best_time(lambda: run(mods)) * 1e3:.1f} ms")
         t0 = time.perf_counter()
         compiled = [torch.compile(m) for m in mods]
         run(compiled)
-        print(f"compiled: {best(lambda: run(compiled)) * 1e3:.1f} ms (compiling took {time.perf_counter() - t0:.1f} s)")
+        took = time.perf_counter() - t0
+        print(f"compiled: {best_time(lambda: run(compiled)) * 1e3:.1f} ms (compiling took {took:.1f} s)")
     return 0
 
 

@@ -14,22 +14,15 @@ Not handled: other models' shapes; more than two threads (the course's machine h
 from __future__ import annotations
 
 import argparse
-import time
 
 import torch
 import torch.nn.functional as F
 
+from minipaged.bench.roofline import best_time
+
 SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)]  # [out, in] of one layer's projections
 VOCAB = (49152, 576)
 
-
-def best(fn, tries: int = 7) -> float:
-    times = []
-    for _ in range(tries):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times)
 
 
 def blocked(x, w, parts=2):  # what Linear does: [T, in] x [out, in] -> [T, out]
@@ -52,10 +45,10 @@ def main(argv=None) -> int:
         print(f"the 30 layers' projections at one row ({nbytes / 1e6:.0f} MB of weights):")
         for threads in (2, 1):
             torch.set_num_threads(threads)
-            t = best(lambda: [F.linear(one[w.shape[1]], w) for layer in layers for w in layer])
+            t = best_time(lambda: [F.linear(one[w.shape[1]], w) for layer in layers for w in layer])
             print(f"  F.linear, {threads} thread(s): {t * 1e3:6.1f} ms  {nbytes / t / 1e9:5.1f} GB/s")
         torch.set_num_threads(2)
-        t = best(lambda: [w.sum() for layer in layers for w in layer])
+        t = best_time(lambda: [w.sum() for layer in layers for w in layer])
         print(f"  summing the same weights, 2 threads: {t * 1e3:6.1f} ms  {nbytes / t / 1e9:5.1f} GB/s")
         print("F.linear against the blocked product (2 threads), best of alternated tries:")
         for rows in [int(r) for r in args.rows.split(",")]:
@@ -68,7 +61,7 @@ def main(argv=None) -> int:
             got = {k: float("inf") for k in cases}
             for _ in range(2):
                 for k, fn in cases.items():
-                    got[k] = min(got[k], best(fn, 5))
+                    got[k] = min(got[k], best_time(fn, 5))
             print(f"  {rows:4} rows: " + "  ".join(f"{k} {v * 1e3:7.2f} ms" for k, v in got.items()))
     torch.set_num_threads(before)
     return 0

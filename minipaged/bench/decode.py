@@ -54,20 +54,17 @@ def read_bandwidth(nbytes: int = 2**30, repeats: int = 5) -> float:
     return nbytes / best_time(buf.sum, repeats)  # its warm-up touches the pages
 
 
-def model_linears(model) -> list:
-    """The weight matrices of one forward pass, in the order it uses them (the vocabulary projection last)."""
-    from torch import nn
-
-    weights = [m.weight for name, m in model.named_modules() if isinstance(m, nn.Linear) and name != "lm_head"]
-    return weights + [model.lm_head.weight]
-
-
 def model_linear_modules(model) -> list:
     """The Linear modules of one forward pass, in the order it uses them (the vocabulary projection last)."""
     from torch import nn
 
     mods = [m for name, m in model.named_modules() if isinstance(m, nn.Linear) and name != "lm_head"]
     return mods + [model.lm_head]
+
+
+def model_linears(model) -> list:
+    """The weight matrices of one forward pass, in the same order."""
+    return [m.weight for m in model_linear_modules(model)]
 
 
 def matmul_only_seconds(model, batch: int, repeats: int = 5) -> dict:

@@ -5,13 +5,16 @@ A chapter quotes source in a ```python block whose first line names it, e.g.
 that file as consecutive lines. A line "..." in a quote stands for lines left out:
 the pieces between must each match consecutive lines, in order. A header that says "trimmed" or "left
 out" quotes with lines left out anywhere: each quoted line must still appear in the file, in order.
-Runs of spaces (comment alignment) do not count.
+Runs of spaces (comment alignment) do not count, nor do the graded exercises' region markers
+(``# exercise NN.K: begin`` / ``end``, minipaged/exercises/regions.py).
 """
 
 import re
 from pathlib import Path
 
 import pytest
+
+from minipaged.exercises.regions import MARKER
 
 ROOT = Path(__file__).resolve().parents[1]
 QUOTE = re.compile(r"```python\n# (minipaged/[\w/]+\.py)([^\n]*)\n(.*?)```", re.S)
@@ -24,7 +27,7 @@ def quotes():
 
 
 def normalized(lines):
-    return [" ".join(line.split()) for line in lines if line.strip()]
+    return [" ".join(line.split()) for line in lines if line.strip() and not MARKER.match(line)]
 
 
 def find_run(source, run, start):

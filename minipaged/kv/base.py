@@ -134,6 +134,7 @@ def reservation_tokens(rule: str, prompt_len: int, max_new_tokens: int, final_le
     "oracle"  exactly the final length (prompt + real output): impossible in practice, the best a
               reserving design could ever do. Without final_len, prompt_len + max_new_tokens.
     """
+    # exercise 01.1: begin
     if rule == "max":
         return max_model_len
     if rule == "pow2":
@@ -141,6 +142,7 @@ def reservation_tokens(rule: str, prompt_len: int, max_new_tokens: int, final_le
     if rule == "oracle":
         return final_len if final_len is not None else prompt_len + max_new_tokens
     raise ValueError(f"reservation={rule!r} is not known; choose one of {list(RESERVATION_RULES)}")
+    # exercise 01.1: end
 
 
 def check_positive_int(name: str, value, minimum: int = 1) -> int:
@@ -330,6 +332,7 @@ class KVPolicy:
     def usage(self, head: tuple[int, int, int | None] | None = None) -> Usage:
         """Where the slots went now. ``head``: (prompt_len, max_new_tokens, final_len) of the request
         at the head of the waiting queue, or None if nothing waits (then external is 0)."""
+        # exercise 01.3: begin
         tokens = reserved = internal = 0
         for state in self._seqs.values():
             occupied = self._occupied_slots(state)
@@ -345,6 +348,7 @@ class KVPolicy:
                 external = free_total
         return Usage(self.num_slots, tokens, reserved, internal, external, free_total - external,
                      len(self._seqs))
+        # exercise 01.3: end
 
     # ---- helpers for subclasses --------------------------------------------------------------
 

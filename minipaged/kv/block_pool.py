@@ -36,20 +36,24 @@ class BlockPool:
 
     def take(self, n: int) -> list[int]:
         """Take n free blocks, all or nothing (NoFreeMemory, and the pool unchanged, if too few)."""
+        # exercise 03.1: begin
         if n > len(self._free_queue):
             raise NoFreeMemory(f"{n} blocks wanted, {len(self._free_queue)} free")
         blocks = [self._free_queue.popleft() for _ in range(n)]
         for block in blocks:
             self._is_free[block] = False
         return blocks
+        # exercise 03.1: end
 
     def release(self, blocks: list[int]) -> None:
         """Return blocks to the back of the free list."""
+        # exercise 03.1: begin
         for block in blocks:
             if self._is_free[block]:
                 raise RuntimeError(f"block {block} is released twice")
             self._is_free[block] = True
             self._free_queue.append(block)
+        # exercise 03.1: end
 
     def check_invariants(self) -> None:
         queued = list(self._free_queue)

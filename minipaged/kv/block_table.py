@@ -120,11 +120,13 @@ class BlockTablePolicy(KVPolicy):
         missing = self._blocks_missing(table, n)
         if missing > 0:
             self._grow(seq_id, table, missing)  # all or nothing: raises before changing anything
+        # exercise 03.2: begin
         bs = self.block_size
         slots = [self._block_for_write(seq_id, table, p // bs) * bs + p % bs
                  for p in range(table.num_tokens, table.num_tokens + n)]
         table.num_tokens += n
         return slots
+        # exercise 03.2: end
 
     def block_table(self, seq_id) -> list[int]:
         table = self._state(seq_id)

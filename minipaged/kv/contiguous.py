@@ -58,6 +58,7 @@ class ContiguousArena(KVPolicy):
 
     def holes(self) -> list[tuple[int, int]]:
         """Free regions as (start, size), in address order."""
+        # exercise 01.2: begin
         if self._holes_cache is None:
             holes, cursor = [], 0
             for start, size in self._slabs:
@@ -68,6 +69,7 @@ class ContiguousArena(KVPolicy):
                 holes.append((cursor, self.num_slots - cursor))
             self._holes_cache = holes
         return self._holes_cache
+        # exercise 01.2: end
 
     def _first_fit(self, slots: int) -> int | None:
         """Start of the lowest hole that holds ``slots`` slots, or None."""

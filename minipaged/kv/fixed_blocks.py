@@ -63,6 +63,7 @@ class FixedBlockPolicy(KVPolicy):
 
     def free_runs(self) -> list[tuple[int, int]]:
         """Runs of consecutive free blocks as (first_block, length), in address order."""
+        # exercise 02.1: begin
         if self._runs_cache is None:
             runs: list[tuple[int, int]] = []
             for block in self._free:
@@ -72,6 +73,7 @@ class FixedBlockPolicy(KVPolicy):
                     runs.append((block, 1))
             self._runs_cache = runs
         return self._runs_cache
+        # exercise 02.1: end
 
     def _first_fit(self, num_blocks: int) -> int | None:
         for first, length in self.free_runs():
@@ -86,6 +88,7 @@ class FixedBlockPolicy(KVPolicy):
         return self._first_fit(slots // self.block_size) is not None
 
     def _place(self, seq_id, state: SequenceState, slots: int) -> BlockRun:
+        # exercise 02.2: begin
         count = slots // self.block_size
         first = self._first_fit(count)
         i = bisect_left(self._free, first)
@@ -93,11 +96,14 @@ class FixedBlockPolicy(KVPolicy):
         self._runs_cache = None
         return BlockRun(state.prompt_len, state.max_new_tokens, state.final_len,
                         first_block=first, num_blocks=count)
+        # exercise 02.2: end
 
     def _release(self, run: BlockRun) -> None:
+        # exercise 02.2: begin
         i = bisect_left(self._free, run.first_block)
         self._free[i:i] = range(run.first_block, run.first_block + run.num_blocks)
         self._runs_cache = None
+        # exercise 02.2: end
 
     def _occupied_slots(self, run: BlockRun) -> int:
         return run.num_blocks * self.block_size

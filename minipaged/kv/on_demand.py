@@ -43,19 +43,23 @@ class OnDemandPolicy(BlockTablePolicy):
         return blocks_for(longest, self.block_size) * self.block_size
 
     def _fits_now(self, slots: int) -> bool:
+        # exercise 04.1: begin
         needed = slots // self.block_size
         if not self._seqs:  # nobody to keep a reserve for
             return needed <= self.pool.num_free
         return self.pool.num_free - needed >= self.watermark_blocks
+        # exercise 04.1: end
 
     def _can_grow(self, num_blocks: int) -> bool:
         return num_blocks <= self.pool.num_free
 
     def _grow(self, seq_id, table: BlockTable, num_blocks: int) -> None:
+        # exercise 04.2: begin
         if num_blocks > self.pool.num_free:  # refuse before changing anything
             raise NoFreeMemory(f"seq {seq_id!r} needs {num_blocks} more block(s) for its next tokens; "
                                f"{self.pool.num_free} free")
         table.blocks.extend(self.pool.take(num_blocks))
+        # exercise 04.2: end
 
     def _shrink(self, seq_id, table: BlockTable) -> None:
         """After ``truncate``: keep the blocks the tokens (and the prompt) need, give back the rest,

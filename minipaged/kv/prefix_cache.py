@@ -74,11 +74,13 @@ def next_key(parent: BlockKey | None, block_tokens) -> BlockKey:
 
 def block_keys(token_ids, block_size: int, parent: BlockKey | None = None, start: int = 0) -> list[BlockKey]:
     """Keys of the full blocks of ``token_ids`` from block ``start`` on (``parent``: block start-1's key)."""
+    # exercise 07.1: begin
     keys = []
     for i in range(start, len(token_ids) // block_size):
         parent = next_key(parent, token_ids[i * block_size:(i + 1) * block_size])
         keys.append(parent)
     return keys
+    # exercise 07.1: end
 
 
 class PrefixBlockPool(RefCountedBlockPool):
@@ -150,6 +152,7 @@ class PrefixBlockPool(RefCountedBlockPool):
     def take(self, n: int) -> list[int]:
         if n > self.num_free:
             raise NoFreeMemory(f"{n} blocks wanted, {self.num_free} free")
+        # exercise 07.2: begin
         plain = min(n, super().num_free)
         blocks = super().take(plain)
         for _ in range(n - plain):  # the least recently used cached blocks give up their content
@@ -159,8 +162,10 @@ class PrefixBlockPool(RefCountedBlockPool):
             self.evictions += 1
             blocks.append(block)
         return blocks
+        # exercise 07.2: end
 
     def release(self, blocks: list[int]) -> None:
+        # exercise 07.2: begin
         for block in blocks:
             if self._refs[block] == 0:
                 raise RuntimeError(f"block {block} is released twice")
@@ -169,6 +174,7 @@ class PrefixBlockPool(RefCountedBlockPool):
                 self._evictable[block] = None  # most recently used: evicted last
             else:
                 super().release([block])
+        # exercise 07.2: end
 
     def is_free(self, block: int) -> bool:
         return super().is_free(block) or block in self._evictable
@@ -213,6 +219,7 @@ class PrefixCachingPolicy(SharedPolicy):
     def _hits(self, token_ids) -> tuple[list[int], list[BlockKey]]:
         """The cached blocks that begin token_ids, in order, and their keys (the last prompt token
         is never served from the cache: its logits are needed)."""
+        # exercise 07.3: begin
         blocks, keys, parent, bs = [], [], None, self.block_size
         for i in range((len(token_ids) - 1) // bs):
             key = next_key(parent, token_ids[i * bs:(i + 1) * bs])
@@ -223,6 +230,7 @@ class PrefixCachingPolicy(SharedPolicy):
             keys.append(key)
             parent = key
         return blocks, keys
+        # exercise 07.3: end
 
     def cached_prefix_tokens(self, token_ids) -> int:
         """How many leading tokens of token_ids ``allocate`` would take from the cache now."""

@@ -73,12 +73,14 @@ class RefCountedBlockPool(BlockPool):
 
     def release(self, blocks: list[int]) -> None:
         """One holder fewer for each block; those nobody holds any more go back to the free list."""
+        # exercise 05.1: begin
         for block in blocks:
             if self._refs[block] == 0:
                 raise RuntimeError(f"block {block} is released twice")
             self._refs[block] -= 1
             if self._refs[block] == 0:
                 super().release([block])
+        # exercise 05.1: end
 
     def check_invariants(self) -> None:
         super().check_invariants()
@@ -139,6 +141,7 @@ class SharedPolicy(OnDemandPolicy):
             check_positive_int("final_len", final_len)
             if final_len > self.max_model_len:
                 raise ValueError(f"final_len={final_len} exceeds max_model_len={self.max_model_len}")
+        # exercise 05.2: begin
         self.pool.share(parent.blocks)
         self._seqs[child_id] = BlockTable(
             parent.prompt_len,
@@ -148,6 +151,7 @@ class SharedPolicy(OnDemandPolicy):
             blocks=list(parent.blocks),
         )
         self.stats["forks"] += 1
+        # exercise 05.2: end
 
     # ---- copy-on-write ----------------------------------------------------------------------
 
@@ -189,6 +193,7 @@ class SharedPolicy(OnDemandPolicy):
         return super().append_slots(seq_id, n)  # growth, then _block_for_write per token
 
     def _block_for_write(self, seq_id, table: BlockTable, logical_block: int) -> int:
+        # exercise 05.3: begin
         block = table.blocks[logical_block]
         if self.pool.ref_count(block) > 1:  # shared: copy it first, then write into the copy
             (fresh,) = self.pool.take(1)
@@ -198,6 +203,7 @@ class SharedPolicy(OnDemandPolicy):
             self.stats["cow_copies"] += 1
         assert self.pool.ref_count(block) == 1, f"seq {seq_id!r} would write into shared block {block}"
         return block
+        # exercise 05.3: end
 
     def drain_copies(self) -> list[tuple[int, int]]:
         copies, self._copies = self._copies, []

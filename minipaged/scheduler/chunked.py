@@ -53,6 +53,7 @@ class ChunkedPrefillScheduler(ContinuousScheduler):
     def _chunks(self, group: Group, budget: int) -> list[tuple[int, int]]:
         """(seq_id, tokens to compute now) for the group's sequences that get any: all the uncached
         tokens they have, while ``budget`` lasts."""
+        # exercise 08.1: begin
         chunks = []
         for seq in group.seqs:
             take = min(seq.num_tokens - self.policy.num_tokens(seq.seq_id), budget)
@@ -60,6 +61,7 @@ class ChunkedPrefillScheduler(ContinuousScheduler):
                 chunks.append((seq.seq_id, take))
                 budget -= take
         return chunks
+        # exercise 08.1: end
 
     def _plan(self, group: Group, plan: StepPlan) -> None:
         """Slots for the group's next chunk (the caller has checked that it fits)."""
@@ -72,6 +74,7 @@ class ChunkedPrefillScheduler(ContinuousScheduler):
         return all(s.num_tokens - self.policy.num_tokens(s.seq_id) == 1 for s in group.seqs)
 
     def _schedule_running(self, plan: StepPlan) -> None:
+        # exercise 08.2: begin
         self._chunk_waits = False  # a chunk waiting for memory holds back swap-ins and admissions
         # 1. decodes, oldest first; when the pool is dry the newest request goes, as in chapter 06. The
         # newest sits at or after i, so it has not been planned yet.
@@ -100,6 +103,7 @@ class ChunkedPrefillScheduler(ContinuousScheduler):
                 return
             else:  # nothing else runs (so nothing is planned): make room as chapter 06 does
                 self._preempt(self.running.pop(), plan)
+        # exercise 08.2: end
 
     def _swap_in(self, plan: StepPlan) -> None:
         if self._left(plan) > 0 and not self._chunk_waits:

@@ -113,6 +113,7 @@ class ContinuousScheduler:
             plan.work.append(ScheduledSeq(seq, cached, self.policy.append_slots(seq.seq_id, seq.num_tokens - cached)))
 
     def _schedule_running(self, plan: StepPlan) -> None:
+        # exercise 06.2: begin
         i = 0
         while i < len(self.running):
             group = self.running[i]
@@ -121,6 +122,7 @@ class ContinuousScheduler:
                 i += 1
             else:  # the newest goes; it has not been planned yet, since it sits at or after i
                 self._preempt(self.running.pop(), plan)
+        # exercise 06.2: end
 
     def _swap_in(self, plan: StepPlan) -> None:
         running = self.num_running_seqs()
@@ -155,6 +157,7 @@ class ContinuousScheduler:
         return True
 
     def _admit(self, plan: StepPlan) -> None:
+        # exercise 06.3: begin
         running = self.num_running_seqs()
         while self.waiting:
             group = self.waiting[0]
@@ -184,6 +187,7 @@ class ContinuousScheduler:
             running += group.num_seqs
             self.running.append(group)
             self._plan(group, plan)
+        # exercise 06.3: end
 
     def _over_budget(self, group: Group, plan: StepPlan) -> bool:
         """Whether admitting the group whole would take the step past ``max_num_batched_tokens``
@@ -267,6 +271,7 @@ class ContinuousScheduler:
         """Put a request that holds no blocks back at the head of the queue, to be prefilled again.
         Several samples come back as one request each, unshared, in the group's order; a beam search
         starts over from its prompt (``plan.restarted``: the core resets it)."""
+        # exercise 06.1: begin
         if group.beam_width:
             plan.restarted.append(group)
             self.waiting.appendleft(group)
@@ -278,6 +283,7 @@ class ContinuousScheduler:
             self.waiting.appendleft(alone)
         group.seqs = group.seqs[:1]
         self.waiting.appendleft(group)
+        # exercise 06.1: end
 
     def _queue_swapped(self, group: Group) -> None:
         """Swapped requests come back oldest first, and the newest is preempted first: so each new

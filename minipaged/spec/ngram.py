@@ -21,6 +21,7 @@ from __future__ import annotations
 
 def propose_ngram(token_ids, k: int, max_n: int = 4, min_n: int = 1) -> list[int]:
     """Up to ``k`` draft tokens for what follows ``token_ids``, copied from earlier in ``token_ids``."""
+    # exercise 09.2: begin
     ids = list(token_ids)
     for n in range(min(max_n, len(ids) - 1), min_n - 1, -1):
         tail = ids[-n:]
@@ -28,3 +29,4 @@ def propose_ngram(token_ids, k: int, max_n: int = 4, min_n: int = 1) -> list[int
             if ids[start:start + n] == tail:
                 return ids[start + n:start + n + k]
     return []
+    # exercise 09.2: end

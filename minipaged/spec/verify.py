@@ -34,12 +34,14 @@ from __future__ import annotations
 def verify(draft: list[int], emit) -> int:
     """The loop above. ``emit(j)`` appends the model's own token for row j to the sequence and
     returns (that token, whether the sequence is finished now). Returns how many tokens it emitted."""
+    # exercise 09.1: begin
     for j, guess in enumerate(draft):
         token, finished = emit(j)
         if finished or token != guess:
             return j + 1
     emit(len(draft))  # every guess was right: the last row gives one more token, for free
     return len(draft) + 1
+    # exercise 09.1: end
 
 
 def accept_greedy(argmaxes: list[int], draft: list[int]) -> list[int]:

@@ -118,6 +118,7 @@ def make_tile_ops(cfg: KernelConfig) -> TileOps:
         # One thread per row. Turns scores into exp(score - new max) in place and keeps
         # m (running max), l (running sum of exp) and alpha = exp(old max - new max), the factor
         # by which everything accumulated so far must shrink. Masked keys hold -inf and become 0.
+        # exercise 10.1: begin
         r = cuda.threadIdx.x
         if r < rows:
             m_old = m_s[r]
@@ -139,6 +140,7 @@ def make_tile_ops(cfg: KernelConfig) -> TileOps:
             m_s[r] = m_new
             l_s[r] = l_s[r] * alpha + total
             alpha_s[r] = alpha
+        # exercise 10.1: end
 
     @cuda.jit(device=True)
     def accumulate_tile(acc, p_s, v_s, alpha_s, rows):

@@ -1,0 +1,47 @@
+"""Chapter 10's graded exercises: the kernels' online-softmax step and v2's merge of partitions. Their
+tests run the kernels in numba's CUDA simulator when there is no GPU (tests/ch10_*/conftest.py)."""
+
+from minipaged.exercises.catalog import Exercise
+
+GRADED = "tests/ch10_paged_attention_kernel/test_graded_exercises.py"
+VS_REF = "tests/ch10_paged_attention_kernel/test_kernels_vs_reference.py"
+BACKEND = "tests/ch10_paged_attention_kernel/test_backend.py"
+
+EXERCISES = [
+    Exercise(
+        id="10.1",
+        title="softmax_step: one online-softmax update per query row",
+        task="Thread r = cuda.threadIdx.x updates row r if r < rows (other threads do nothing). Take the new "
+             "running max m_new = max(m_s[r], the tile's scores p_s[r, 0..TILE-1]); replace each score by "
+             "exp(score - m_new) in place; with alpha = exp(m_s[r] - m_new) set l_s[r] = l_s[r] * alpha + the "
+             "tile's sum of probabilities, then m_s[r] = m_new and alpha_s[r] = alpha (accumulate_tile shrinks "
+             "the output so far by alpha). Masked keys hold -inf and become 0. While a row has seen no visible key "
+             "(m_new still -inf) its probabilities are 0 and alpha is 1: exp(-inf - -inf) is NaN, and a NaN "
+             "poisons the row's output.",
+        hint="Test m_new == NEG_INF before any exp. Subtract the running max before exp (scores near 90 overflow "
+             "fp32 otherwise); use math.exp and float32(0.0) to start the sum.",
+        tests=(f"{GRADED}::test_softmax_step_keeps_the_running_max_sum_and_rescale",
+               f"{GRADED}::test_softmax_steps_rescaled_give_the_softmax_of_the_whole_row",
+               f"{VS_REF}::test_every_sequence_shares_blocks",
+               f"{BACKEND}::test_registered_and_matches_reference",
+               f"{BACKEND}::test_tiny_model_head_dim_16_and_custom_scale"),
+        minutes=30,
+    ),
+    Exercise(
+        id="10.2",
+        title="merge_partitions: combine v2's partial results",
+        task="Block (cuda.blockIdx.x, cuda.blockIdx.y) merges one (token, head). Partition p reports m_p "
+             "(part_max), l_p (part_sum, the sum of exp(score - m_p)) and o_p (part_out, already divided by "
+             "l_p). Compute M = the max of m_p, weights w_p = l_p * exp(m_p - M) and "
+             "out[token, head, d] = sum_p w_p * o_p[d] / sum_p w_p, each thread writing the dims d = threadIdx.x, "
+             "threadIdx.x + blockDim.x, ... Leave out of M and of every sum each partition with l_p = 0: it saw no "
+             "key, its max is -inf and its part_out was never written (it may hold NaN).",
+        hint="One pass over the partitions for M, one for the total weight, then one per dim. Start M at "
+             "float32(NEG_INF), not a bare -inf (a Python float is float64 on a GPU).",
+        tests=(f"{GRADED}::test_merge_partitions_weighs_each_partition_by_its_share_of_the_softmax",
+               f"{GRADED}::test_merge_partitions_with_fewer_threads_than_dims",
+               f"{VS_REF}::test_v2_partition_counts[2]",
+               f"{VS_REF}::test_v2_partition_counts[5]"),
+        minutes=30,
+    ),
+]

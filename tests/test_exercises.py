@@ -1,0 +1,176 @@
+"""The graded exercises (minipaged/exercises/): the catalog agrees with the source and the text, the
+commands work, and (slow) every exercise has teeth: its tests fail while its region is a stub and pass
+with the reference code."""
+
+import csv
+import io
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from minipaged.exercises.__main__ import main as exercises_main
+from minipaged.exercises.catalog import Exercise, all_exercises
+from minipaged.exercises.grader import run_tests, student_copy
+from minipaged.exercises.regions import find_regions, stub_file
+from minipaged.exercises.render import stale_files
+
+ROOT = Path(__file__).resolve().parents[1]
+EXERCISES = all_exercises()
+# One thread per child pytest: the teeth test runs two of them side by side on a 2-core machine.
+CHILD_ENV = {"OMP_NUM_THREADS": "1"}
+
+
+def test_every_exercise_has_a_region_and_every_region_an_exercise():
+    regions = find_regions(ROOT)
+    ids = [e.id for e in EXERCISES]
+    assert sorted(regions) == sorted(ids), "a region without an exercise, or an exercise without a region"
+    for e in EXERCISES:
+        assert e.id[:2].isdigit() and e.id[2] == "." and e.id[3:].isdigit(), e.id
+        assert e.title and len(e.task) > 60 and e.hint and e.tests and e.minutes > 0, e.id
+
+
+def test_each_chapter_from_01_to_09_has_at_least_two_exercises_and_10_has_one():
+    per_chapter = Counter(e.chapter for e in EXERCISES)
+    for chapter in ["01", "02", "03", "04", "05", "06", "07", "08", "09"]:
+        assert per_chapter[chapter] >= 2, f"chapter {chapter} has {per_chapter[chapter]} graded exercises"
+    assert per_chapter["10"] >= 1
+
+
+def test_every_stubbed_file_is_valid_python_and_keeps_its_markers():
+    regions = find_regions(ROOT)
+    by_id = {e.id: e for e in EXERCISES}
+    by_file = {}
+    for region in (r for found in regions.values() for r in found):
+        by_file.setdefault(region.path, []).append(region)
+    for rel, file_regions in by_file.items():
+        text = stub_file((ROOT / rel).read_text(), file_regions, by_id)
+        compile(text, str(rel), "exec")
+        for region in file_regions:
+            assert f"# exercise {region.exercise_id}: begin" in text
+            assert any("raise NotImplementedError(" in line and f"exercise {region.exercise_id}: " in line
+                       for line in text.splitlines()), region
+        assert len(text.splitlines()) < len((ROOT / rel).read_text().splitlines()) + 12 * len(file_regions)
+
+
+def test_every_named_test_exists():
+    selectors = sorted({t for e in EXERCISES for t in e.tests})
+    for s in selectors:
+        assert (ROOT / s.split("::")[0]).is_file(), f"{s}: no such test file"
+    proc = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                           "-o", "addopts=--import-mode=importlib", *selectors],
+                          cwd=ROOT, capture_output=True, text=True, env={**os.environ, **CHILD_ENV})
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    collected = [line for line in proc.stdout.splitlines() if "::" in line]
+    for s in selectors:
+        found = any(c == s or c.startswith(s + "::") or c.startswith(s + "[") for c in collected)
+        assert found, f"{s} collects nothing"
+
+
+def test_the_chapters_and_the_instructor_page_list_the_catalog():
+    assert stale_files(ROOT, EXERCISES) == [], "run `python -m minipaged.exercises render`"
+
+
+def test_list_as_json(capsys):
+    assert exercises_main(["list", "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert [x["id"] for x in listed] == [e.id for e in EXERCISES]
+    assert all(x["files"] and all(f.startswith("minipaged/") for f in x["files"]) and x["tests"] for x in listed)
+
+
+def test_student_copy_stubs_only_what_it_is_asked(tmp_path):
+    first, second = EXERCISES[0], EXERCISES[-1]
+    student_copy(ROOT, tmp_path / "copy", [first])
+    regions = find_regions(tmp_path / "copy")
+    assert sorted(regions) == sorted(e.id for e in EXERCISES)  # markers stay
+    for region in regions[first.id]:
+        assert f"exercise {first.id}: {first.title}" in (tmp_path / "copy" / region.path).read_text()
+    stubbed_files = {r.path for r in regions[first.id]}
+    for region in regions[second.id]:
+        if region.path not in stubbed_files:
+            assert (tmp_path / "copy" / region.path).read_text() == (ROOT / region.path).read_text()
+    assert not (tmp_path / "copy" / ".git").exists()
+
+
+def test_bad_requests_say_what_to_do(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        exercises_main(["check", "99.9"])
+    assert "unknown exercise ids ['99.9']" in capsys.readouterr().err
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "x").write_text("")
+    with pytest.raises(SystemExit):
+        exercises_main(["student", str(tmp_path / "full")])
+    assert "is not empty" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        exercises_main(["student", str(tmp_path / "new"), "--upto", "x4"])
+    with pytest.raises(ValueError, match="no '# exercise NN.K"):
+        student_copy(ROOT, tmp_path / "other", [Exercise("98.1", "t", "task " * 20, "h", ("tests",))])
+
+
+# ---- teeth (slow: two pytest runs per exercise) -------------------------------------------------
+
+
+def _in_order(index, tmp_path):
+    """A student works in id order: with exercise ``index`` and every later one stubbed its tests fail,
+    and with only the later ones stubbed they all pass."""
+    exercise, later = EXERCISES[index], EXERCISES[index + 1:]
+    results = []
+    for name, stubbed in (("todo", [exercise, *later]), ("done", later)):
+        copy = tmp_path / f"{exercise.id}_{name}"
+        student_copy(ROOT, copy, stubbed)
+        (result,) = run_tests(copy, [exercise], stop_at_first_failure=name == "todo", timeout=600, env=CHILD_ENV)
+        results.append(result)
+    return exercise.id, results
+
+
+@pytest.mark.slow
+def test_every_exercise_fails_while_stubbed_and_passes_in_the_reference(tmp_path):
+    for r in run_tests(ROOT, EXERCISES, timeout=1200, env=CHILD_ENV):
+        assert r.ok, f"{r.exercise.id} fails on the reference: {r.error or r.first_failure()}"
+        assert not r.stub
+    with ThreadPoolExecutor(2) as pool:
+        checked = list(pool.map(lambda i: _in_order(i, tmp_path), range(len(EXERCISES))))
+    for exercise_id, (todo, done) in checked:
+        assert not todo.error, f"{exercise_id}: {todo.error}"
+        assert todo.stub and todo.first_failure() is not None, (
+            f"exercise {exercise_id}: every test passes while its region is a stub")
+        assert done.ok, (f"exercise {exercise_id} fails with only later exercises stubbed (its tests must rely on "
+                         f"earlier exercises only): {done.error or done.first_failure()}")
+
+
+@pytest.mark.slow
+def test_a_copy_with_every_exercise_stubbed_imports_and_collects(tmp_path):
+    copy = tmp_path / "all"
+    student_copy(ROOT, copy, EXERCISES)
+    env = {**os.environ, **CHILD_ENV, "PYTHONPATH": str(copy)}
+    walk = (f"import importlib, pkgutil, minipaged; assert minipaged.__file__.startswith({str(copy)!r}); "
+            "[importlib.import_module(m.name) for m in pkgutil.walk_packages(minipaged.__path__, 'minipaged.') "
+            "if '__main__' not in m.name]")
+    proc = subprocess.run([sys.executable, "-c", walk], cwd=copy, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                           "-o", "addopts=--import-mode=importlib", "tests"], cwd=copy, env=env,
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+
+
+@pytest.mark.slow
+def test_grade_writes_one_row_per_copy_and_exercise(tmp_path, capsys):
+    chosen = [e for e in EXERCISES if e.chapter == "03"][:2]
+    ids = ",".join(e.id for e in chosen)
+    student_copy(ROOT, tmp_path / "alice", chosen[1:])  # the later one left as a stub
+    student_copy(ROOT, tmp_path / "bob", [])  # everything written (the reference)
+    assert exercises_main(["grade", str(tmp_path / "alice"), str(tmp_path / "bob"), "--only", ids,
+                           "--csv", "-"]) == 0
+    rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    expected = [(c, e.id) for c in ("alice", "bob") for e in chosen]
+    assert [(Path(r["copy"]).name, r["exercise"]) for r in rows] == expected
+    status = {(Path(r["copy"]).name, r["exercise"]): r["status"] for r in rows}
+    assert status[("alice", chosen[1].id)] == "not attempted" and rows[1]["first_failure"]
+    assert status[("alice", chosen[0].id)] == "pass" and status[("bob", chosen[1].id)] == "pass"
+    assert rows[0]["passed"] == rows[0]["total"] != "0"

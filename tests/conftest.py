@@ -2,9 +2,21 @@
 the notebook helpers."""
 
 import json
+import os
 from pathlib import Path
 
 import pytest
+
+
+def pytest_configure(config):
+    """Under pytest-xdist (``-n 2``) each worker gets one thread: two workers with two OpenMP threads each
+    on a 2-core machine make every small matmul wait for a core (the suite then runs slower, not faster).
+    Child processes (servers, notebook kernels) inherit the setting."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        os.environ["OMP_NUM_THREADS"] = "1"
+        import torch
+
+        torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")

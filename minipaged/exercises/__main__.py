@@ -109,11 +109,11 @@ def cmd_grade(args) -> int:
             tree = grading_tree(Path(folder), reference, Path(tmp) / "graded")
             print(f"grading {folder} ...", file=sys.stderr)
             for r in run_tests(tree, exercises, timeout=args.timeout):
+                failure = r.first_failure()
+                why = failure[0] if failure else (r.error.splitlines() or [""])[-1]
                 rows.append({"copy": folder, "exercise": r.exercise.id, "chapter": r.exercise.chapter,
                              "title": r.exercise.title, "passed": r.passed, "total": r.total,
-                             "status": r.status,
-                             "first_failure": (r.first_failure() or ("", ""))[0] or r.error.splitlines()[-1:][0]
-                             if (r.first_failure() or r.error) else ""})
+                             "status": r.status, "first_failure": why})
     fields = ["copy", "exercise", "chapter", "title", "passed", "total", "status", "first_failure"]
     if args.csv:
         out = io.StringIO()

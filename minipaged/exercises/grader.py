@@ -110,7 +110,8 @@ def run_tests(root: Path, exercises, *, timeout: float = 1800, stop_at_first_fai
     exercise (a test listed by two exercises counts for both). ``env`` adds environment variables."""
     root = Path(root).resolve()
     selectors = list(dict.fromkeys(t for e in exercises for t in e.tests))
-    results = [Result(e, stub=is_stub(root, e.id)) for e in exercises]
+    regions = find_regions(root)
+    results = [Result(e, stub=is_stub(root, regions.get(e.id, []))) for e in exercises]
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "results.jsonl"
         env = dict(os.environ, **(env or {}), MINIPAGED_RESULTS=str(out), PYTHONPATH=str(root))

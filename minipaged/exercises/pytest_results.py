@@ -20,14 +20,10 @@ def pytest_runtest_logreport(report):
     path = os.environ.get("MINIPAGED_RESULTS")
     if not path:
         return
-    if report.when == "call" or report.outcome != "passed":
-        if report.when != "call" and report.outcome == "skipped":
-            outcome = "skipped"
-        else:
-            outcome = report.outcome
+    if report.when == "call" or report.outcome != "passed":  # a setup or teardown counts only when it did not pass
         with open(path, "a") as f:
-            f.write(json.dumps({"nodeid": report.nodeid, "outcome": outcome, "when": report.when,
-                                "message": "" if outcome == "passed" else _first_error_line(report)}) + "\n")
+            f.write(json.dumps({"nodeid": report.nodeid, "outcome": report.outcome, "when": report.when,
+                                "message": "" if report.passed else _first_error_line(report)}) + "\n")
 
 
 def pytest_collectreport(report):

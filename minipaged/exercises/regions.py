@@ -92,15 +92,14 @@ def stub_file(text: str, regions: list[Region], exercises: dict) -> str:
     return "\n".join(lines) + ("\n" if text.endswith("\n") else "")
 
 
-def is_stub(root: Path, exercise_id: str) -> bool:
-    """Whether every region of the exercise in ``root`` still holds its stub (never attempted)."""
-    found = find_regions(root).get(exercise_id, [])
-    if not found:
+def is_stub(root: Path, regions: list[Region]) -> bool:
+    """Whether every one of an exercise's regions in ``root`` still holds its stub (never attempted)."""
+    if not regions:
         return False
-    for region in found:
+    for region in regions:
         body = (root / region.path).read_text().splitlines()[region.begin + 1:region.end]
-        if not any(f"NotImplementedError('exercise {exercise_id}:" in line
-                   or f'NotImplementedError("exercise {exercise_id}:' in line for line in body):
+        if not any("raise NotImplementedError(" in line and f"exercise {region.exercise_id}: " in line
+                   for line in body):
             return False
     return True
 

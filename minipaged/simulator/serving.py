@@ -69,8 +69,8 @@ def simulate_serving(scheduler: str, policy, requests, *, max_num_seqs: int = 25
     samples per request are forked from the first when the policy shares blocks. Checks the
     policy's invariants as it goes and that nothing is left allocated at the end. A check reads every
     block, so it runs after every step for pools of up to CHECK_BLOCKS blocks and every
-    ``num_blocks // CHECK_BLOCKS`` steps above that: a roomy pool of 65,536 blocks would otherwise spend
-    nearly all its time checking (two minutes for 200 ShareGPT-like requests instead of a few seconds).
+    ``num_blocks // CHECK_BLOCKS`` steps above that, so that a roomy pool does not spend nearly all its
+    time checking.
     """
     check_every = max(1, policy.num_blocks // CHECK_BLOCKS)
     blocks = {} if policy.name == "contiguous" else {"block_size": policy.block_size}  # the arena's unit: a slot

@@ -4,8 +4,9 @@
 
     serving_timeline.png  comes from the benchmark itself:
                           ``python -m minipaged bench serving --plot-dir chapters/06_continuous-batching``
-    steps_timeline.png    the model-free simulation of the notebook's section 2 (ShareGPT-like trace,
-                          200 requests, 16384 slots): running batch and KV memory held per step.
+    steps_timeline.png    the model-free simulation of ``python -m minipaged simulate --serving
+                          --capacity 16384`` (ShareGPT-like trace, 200 requests): running batch and KV
+                          memory held per step, static vs Orca (oracle) vs continuous + paged.
     capacity_sweep.png    SmolLM2 on the benchmark's trace, static + contiguous vs continuous + paged
                           at KV capacities of 1024 ... 4096 token slots: the requests/s ratio. Each
                           point is one ``bench serving`` run without HF and without the pressure runs.
@@ -18,9 +19,7 @@ from __future__ import annotations
 import os
 
 from minipaged.bench import serving
-from minipaged.kv import make_policy
 from minipaged.plots import plot_serving_timeline
-from minipaged.simulator.serving import simulate_serving
 from minipaged.simulator.workloads import make_workload
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -29,16 +28,15 @@ CAPACITIES = (1024, 1536, 2048, 3072, 4096)
 
 
 def steps_timeline() -> None:
+    """The runs of `python -m minipaged simulate --serving --capacity 16384` (the chapter's record),
+    three of its five systems drawn step by step."""
+    from minipaged.simulator.cli import serving_runs
+
     trace = make_workload("sharegpt", 200, max_model_len=2048, seed=0)
-    runs = {}
-    for label, name, policy_name in (("static + contiguous", "static", "contiguous"),
-                                     ("continuous + paged", "continuous", "on_demand")):
-        policy = make_policy(policy_name, num_slots=16384, block_size=16, max_model_len=2048, reservation="max")
-        runs[label] = run = simulate_serving(name, policy, trace, max_num_seqs=256)
-        print(f"{label:20}: {run.steps:6} steps, mean batch {run.mean_batch:5.1f}, preemptions {run.preemptions}")
-    print(f"ratio of steps: {runs['static + contiguous'].steps / runs['continuous + paged'].steps:.1f}x")
-    plot_serving_timeline({k: {"time": list(range(1, r.steps + 1)), "batch": r.batch_sizes, "kv_held": r.kv_held}
-                           for k, r in runs.items()}, 16384, x_label="step (forward pass)",
+    runs = serving_runs(trace, capacity=16384, block_size=16, max_model_len=2048)
+    shown = ("static + contiguous", "Orca (oracle): continuous + contiguous", "continuous + paged")
+    plot_serving_timeline({k: {"time": list(range(1, runs[k].steps + 1)), "batch": runs[k].batch_sizes,
+                               "kv_held": runs[k].kv_held} for k in shown}, 16384, x_label="step (forward pass)",
                           path=os.path.join(OUT, "steps_timeline.png"),
                           title="ShareGPT-like trace, 200 requests, 16384 slots (simulated, no model)")
 
@@ -48,7 +46,7 @@ def capacity_sweep() -> None:
 
     ratios, batches = [], []
     for capacity in CAPACITIES:
-        r = serving.run(kv_capacity=capacity, skip_hf=True, skip_pressure=True)
+        r = serving.run(kv_capacity=capacity, skip_hf=True, skip_pressure=True, orca=())
         static, continuous = r["systems"]
         ratios.append(continuous["requests_per_s"] / static["requests_per_s"])
         batches.append((static["mean_batch"], continuous["mean_batch"]))

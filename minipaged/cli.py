@@ -121,6 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="benchmarks (each prints ratios measured in one run)",
                            description="Benchmarks. Each one measures its alternatives side by side.")
     bench_sub = bench.add_subparsers(dest="bench", metavar="BENCHMARK")
+    from minipaged import records
     from minipaged.attention import bench_kernels
     from minipaged.bench import (
         chunked,
@@ -135,32 +136,34 @@ def build_parser() -> argparse.ArgumentParser:
         throughput,
     )
 
-    for name, module, text in [
-        ("cache", kv_cache, "chapter 00: decode tokens/s with the KV cache vs full recomputation"),
-        ("roofline", roofline, "chapter 00: FLOPs vs bytes of a decode step, against this CPU's peaks"),
-        ("decode", decode, "chapter 00: the default engine's decode tokens/s at batch 1-64 under this CPU's two "
+    for name, module, chapter, text in [
+        ("cache", kv_cache, "00", "chapter 00: decode tokens/s with the KV cache vs full recomputation"),
+        ("roofline", roofline, "00", "chapter 00: FLOPs vs bytes of a decode step, against this CPU's peaks"),
+        ("decode", decode, "00", "chapter 00: the default engine's decode tokens/s at batch 1-64 under this CPU's two "
                            "roofs (weight streaming, the step's matmuls), and against HF generate"),
-        ("sharing", sharing, "chapter 05: KV memory with block sharing vs without, on the real model"),
-        ("serving", serving, "chapter 06 (the default): static + contiguous vs continuous + paged vs HF "
+        ("sharing", sharing, "05", "chapter 05: KV memory with block sharing vs without, on the real model"),
+        ("serving", serving, "06", "chapter 06 (the default): static + contiguous vs continuous + paged vs HF "
                              "generate, same KV memory; recompute vs swap"),
-        ("prefix", prefix, "chapter 07: SmolLM2 with the prefix cache off and on: a shared system prompt, "
+        ("prefix", prefix, "07", "chapter 07: SmolLM2 with the prefix cache off and on: a shared system prompt, "
                            "a conversation"),
-        ("chunked", chunked, "chapter 08: SmolLM2 with whole and chunked prefills: inter-token latency, "
+        ("chunked", chunked, "08", "chapter 08: SmolLM2 with whole and chunked prefills: inter-token latency, "
                              "TTFT, throughput; what a step costs"),
-        ("speculative", speculative, "chapter 09: SmolLM2 with and without prompt-lookup speculation: tokens "
+        ("speculative", speculative, "09", "chapter 09: SmolLM2 with and without prompt-lookup speculation: tokens "
                                      "per forward pass, speedup, same outputs"),
-        ("throughput", throughput, "the default engine LLM(model) against HF generate (padded batches of 8) on "
+        ("throughput", throughput, "00", "the default engine LLM(model) against HF generate (padded batches of 8) on "
                                    "two chat workloads: output tokens/s, same greedy outputs"),
-        ("online", online, "chapter 11: Poisson load through the HTTP server: normalized latency against "
+        ("online", online, "11", "chapter 11: Poisson load through the HTTP server: normalized latency against "
                            "request rate for static, Orca and paged; TTFT, ITL, goodput; server overhead"),
-        ("kernel", bench_kernels, "chapter 10: numba PagedAttention kernels vs reference vs SDPA "
+        ("kernel", bench_kernels, "10", "chapter 10: numba PagedAttention kernels vs reference vs SDPA "
                                   "(needs a GPU; --roofline works without)"),
     ]:
         b = bench_sub.add_parser(name, help=text, description=module.__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
         module.add_arguments(b)
+        records.add_argument(b, f"{chapter}/bench_{name}")
         b.set_defaults(func=module.main)
     serving.add_arguments(bench)  # `python -m minipaged bench` alone runs the serving benchmark
+    records.add_argument(bench, "06/bench_serving")
     bench.set_defaults(func=serving.main)
 
     try:
@@ -175,8 +178,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    from minipaged import records
+
     try:
-        return args.func(args) or 0
+        return records.call(args, sys.argv[1:] if argv is None else list(argv))
     except ValueError as e:  # bad input: say what is wrong, without a traceback
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -34,6 +34,7 @@ import sys
 
 import torch
 
+from minipaged import records
 from minipaged.model.config import LLAMA_8B, SMOLLM2_135M, ModelConfig
 from minipaged.roofline import kv_bytes_per_token
 
@@ -384,6 +385,7 @@ def main(args) -> int:
         peaks = device_peaks(torch.cuda.get_device_name()) if torch.cuda.is_available() else None
         gbps = args.peak_gbps or (peaks[0] if peaks else DEVICE_PEAKS["H200"][0])
         r = roofline(gbps, peaks[1] if peaks else DEVICE_PEAKS["H200"][1])
+        records.publish(r)
         if args.json:
             print(json.dumps(r, indent=2))
         else:
@@ -400,6 +402,7 @@ def main(args) -> int:
 
         return check_main(["--out", args.out] if args.out else [])
     r = run(quick=args.quick, peak_gbps=args.peak_gbps, iters=args.iters, progress=not args.json, out=args.out)
+    records.publish(r)
     if args.out:
         with open(args.out, "w") as f:
             json.dump(r, f, indent=2)

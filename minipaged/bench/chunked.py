@@ -28,6 +28,7 @@ import random
 import time
 from statistics import median
 
+from minipaged import records
 from minipaged.metrics import percentile
 from minipaged.simulator.chunked import make_chunked_workload
 
@@ -196,6 +197,7 @@ def add_arguments(p):
 def main(args) -> int:
     r = run(args.model, args.requests, tuple(args.budgets), args.max_num_seqs, args.repeats, attention=args.attention,
             seed=args.seed, progress=not args.json, plot_dir=args.plot_dir)
+    records.publish(r)
     if args.json:
         print(json.dumps(r, indent=2))
     else:

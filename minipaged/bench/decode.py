@@ -39,6 +39,8 @@ from __future__ import annotations
 import json
 import time
 
+from minipaged import records
+
 TARGETS = {"weight_streaming_at_1": 0.5, "arithmetic_at_32": 0.6, "hf_ratio": 1.5}
 
 
@@ -315,6 +317,7 @@ def main(args) -> int:
         raise ValueError("--batches, --context, --steps and --rounds must be positive integers")
     r = run(args.model, batches, args.context, args.steps, args.rounds, hf=not args.no_hf, progress=not args.json,
             dtype=args.dtype)
+    records.publish(r)
     if args.plot_dir:
         from pathlib import Path
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import time
 
+from minipaged import records
 from minipaged.engine import NaiveEngine
 from minipaged.model import load_model
 from minipaged.sampling import make_generator
@@ -64,6 +65,7 @@ def add_arguments(p):
 
 def main(args) -> int:
     r = run(args.model, args.new_tokens, args.prompt, args.repeats, progress=not args.json)
+    records.publish(r)
     if args.json:
         print(json.dumps(r, indent=2))
         return 0

@@ -91,6 +91,7 @@ import random
 import sys
 import time
 
+from minipaged import records
 from minipaged.bench.noise import describe_probe, gemm_probe, probe_pair
 from minipaged.bench.serving import make_trace
 from minipaged.metrics import percentile
@@ -615,6 +616,7 @@ def main(args) -> int:
             drain=args.drain_seconds, slo_ttft=args.slo_ttft, slo_normalized=args.slo_normalized,
             sustain_factor=args.sustain_factor, rate_fractions=fractions, attention=args.attention, seed=args.seed,
             progress=True, plot_dir=args.plot_dir, systems=systems, skip_overhead=args.skip_overhead)
+    records.publish(r)
     if args.json:
         print(json.dumps(r, indent=2))
     else:

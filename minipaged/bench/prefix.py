@@ -32,6 +32,8 @@ import os
 import time
 from statistics import median
 
+from minipaged import records
+
 SYSTEM_PROMPT = (
     "You are the help desk of the Riverside Community Library. Follow these rules in every answer. "
     "Be brief: two sentences at most, in plain words, without lists or headings. "
@@ -225,5 +227,6 @@ def add_arguments(p):
 def main(args) -> int:
     r = run(args.model, args.questions, args.turns, args.max_tokens, args.kv_capacity, args.attention,
             repeats=args.repeats, progress=not args.json, plot_dir=args.plot_dir)
+    records.publish(r)
     print(json.dumps(r, indent=2) if args.json else format_result(r))
     return 0 if r["identical_outputs"] else 1

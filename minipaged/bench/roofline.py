@@ -20,6 +20,7 @@ import time
 
 import torch
 
+from minipaged import records
 from minipaged.kv.per_request import BatchOfCaches, PerRequestKVCache
 from minipaged.model import load_model
 from minipaged.roofline import decode_step_cost
@@ -96,6 +97,7 @@ def add_arguments(p):
 def main(args) -> int:
     batches = tuple(int(b) for b in args.batches.split(","))
     r = run(args.model, args.context, batches, progress=not args.json)
+    records.publish(r)
     if args.json:
         print(json.dumps(r, indent=2))
         return 0

@@ -7,6 +7,10 @@ cores; prompts are seeded random token ids, every request asks for exactly its o
 with ignore_eos), all requests arriving at once, served by:
 
     static + contiguous      a batch runs until its longest request ends; slabs of max_model_len
+    Orca (max|pow2|oracle)   continuous + contiguous: requests join and leave at every step (Orca's
+                             iteration-level scheduling), each in a slab reserved at admission:
+                             max_model_len, the next power of two of prompt + max_tokens, or exactly
+                             prompt + max_tokens (the paper's three Orca baselines)
     continuous + paged       requests join and leave at every step; blocks taken on demand
     HF generate (padded)     HF Transformers' generate over left-padded batches of a fixed size, at
                              each of --hf-batch-sizes that fits the same KV capacity; the best is kept
@@ -35,6 +39,7 @@ import os
 import random
 import time
 
+from minipaged import records
 from minipaged.metrics import find, percentile
 from minipaged.simulator.workloads import make_workload
 
@@ -141,7 +146,10 @@ def run_hf(trace, capacity: int, batch_sizes, progress: bool = False) -> dict | 
 
 def run(model="smollm2-135m", requests=64, scale=0.1, kv_capacity=1536, max_model_len=256, max_num_seqs=32,
         block_size=16, hf_batch_sizes=(4, 8, 16), pressure_capacity=None, seed=0, progress=False,
-        skip_hf=False, plot_dir=None, attention="torch_batched", skip_pressure=False) -> dict:
+        skip_hf=False, plot_dir=None, attention="torch_batched", skip_pressure=False,
+        orca=("max", "pow2", "oracle")) -> dict:
+    """Every system on one trace. ``orca`` lists the reservation rules of the continuous + contiguous
+    systems to run (none: only static + contiguous against continuous + paged)."""
     from minipaged import LLM
 
     def engine(**options):
@@ -154,6 +162,9 @@ def run(model="smollm2-135m", requests=64, scale=0.1, kv_capacity=1536, max_mode
     trace = make_trace(requests, scale, max_model_len, static.config.vocab_size, seed)
     systems = [run_engine(static, trace, "static + contiguous", progress)]
     del static
+    orca_runs = [run_engine(engine(kv_policy="contiguous", reservation=rule, scheduler="continuous",
+                                   kv_capacity_tokens=kv_capacity), trace, f"Orca ({rule}): continuous + contiguous",
+                            progress) for rule in orca]
     systems.append(run_engine(engine(kv_policy="on_demand", scheduler="continuous", kv_capacity_tokens=kv_capacity),
                               trace, "continuous + paged", progress))
     hf = None if skip_hf else run_hf(trace, kv_capacity, hf_batch_sizes, progress)
@@ -161,7 +172,7 @@ def run(model="smollm2-135m", requests=64, scale=0.1, kv_capacity=1536, max_mode
     pressure = [] if skip_pressure else [
         run_engine(engine(kv_policy="on_demand", kv_capacity_tokens=pressure_capacity, preemption_mode=mode),
                    trace, f"continuous + paged, {mode}", progress) for mode in ("recompute", "swap")]
-    same = all(s["outputs"] == systems[0]["outputs"] for s in systems[1:] + pressure)
+    same = all(s["outputs"] == systems[0]["outputs"] for s in systems[1:] + orca_runs + pressure)
     static_r, continuous_r = systems
     ratios = {"continuous_vs_static_requests_per_s": continuous_r["requests_per_s"] / static_r["requests_per_s"],
               "continuous_vs_static_output_tokens_per_s":
@@ -169,6 +180,9 @@ def run(model="smollm2-135m", requests=64, scale=0.1, kv_capacity=1536, max_mode
     if hf and "output_tokens_per_s" in hf:
         ratios["continuous_vs_hf_output_tokens_per_s"] = continuous_r["output_tokens_per_s"] / hf["output_tokens_per_s"]
         ratios["continuous_vs_hf_requests_per_s"] = continuous_r["requests_per_s"] / hf["requests_per_s"]
+    for rule, o in zip(orca, orca_runs):
+        ratios[f"orca_{rule}_vs_static_requests_per_s"] = o["requests_per_s"] / static_r["requests_per_s"]
+        ratios[f"continuous_vs_orca_{rule}_requests_per_s"] = continuous_r["requests_per_s"] / o["requests_per_s"]
     if pressure:
         ratios["swap_vs_recompute_requests_per_s"] = pressure[1]["requests_per_s"] / pressure[0]["requests_per_s"]
     lens = [n for _, n in trace]
@@ -177,7 +191,7 @@ def run(model="smollm2-135m", requests=64, scale=0.1, kv_capacity=1536, max_mode
               "pressure_capacity_tokens": pressure_capacity, "max_model_len": max_model_len,
               "max_num_seqs": max_num_seqs, "block_size": block_size,
               "mean_prompt": sum(len(p) for p, _ in trace) / len(trace), "mean_output": sum(lens) / len(lens),
-              "max_output": max(lens), "identical_outputs": same, "systems": systems, "hf": hf,
+              "max_output": max(lens), "identical_outputs": same, "systems": systems, "orca": orca_runs, "hf": hf,
               "pressure": pressure, "ratios": ratios}
     if plot_dir:
         from minipaged.plots import plot_serving_timeline
@@ -201,7 +215,8 @@ def format_result(r: dict) -> str:
             f"{'batch':>7}{'KV util mean':>13}{'peak':>7}{'preempt':>8}")
     lines += [head + "   (times in ms)", "-" * len(head)]
     hf = r["hf"] if r["hf"] and "seconds" in r["hf"] else None
-    for s in r["systems"] + ([hf] if hf else []) + r["pressure"]:
+    static, continuous = r["systems"]
+    for s in [static, *r.get("orca", []), continuous] + ([hf] if hf else []) + r["pressure"]:
         if s is hf:
             lines.append(f"{s['system']:<34}{s['requests_per_s']:>7.2f}{s['output_tokens_per_s']:>10.1f}"
                          f"{'-':>9}{'-':>7}{_ms(s['latency_p50']):>8}{_ms(s['latency_p99']):>7}"
@@ -228,6 +243,12 @@ def format_result(r: dict) -> str:
     for label, other in pairs:
         lines.append(f"  {label:<43}requests/s {ratios[f'continuous_vs_{other}_requests_per_s']:.2f}x   "
                      f"output tokens/s {ratios[f'continuous_vs_{other}_output_tokens_per_s']:.2f}x")
+    for o in r.get("orca", []):
+        rule = o["system"].split("(")[1].split(")")[0]
+        lines.append(f"  {f'Orca ({rule}) / static: scheduling alone':<43}"
+                     f"requests/s {ratios[f'orca_{rule}_vs_static_requests_per_s']:.2f}x")
+        lines.append(f"  {f'continuous + paged / Orca ({rule}): paging':<43}"
+                     f"requests/s {ratios[f'continuous_vs_orca_{rule}_requests_per_s']:.2f}x")
     if r["pressure"]:
         lines.append(f"  {'swap / recompute (small pool)':<43}"
                      f"requests/s {ratios['swap_vs_recompute_requests_per_s']:.2f}x")
@@ -263,21 +284,33 @@ def add_arguments(p):
                    help="KV slots for the recompute vs swap runs (default: a quarter of --kv-capacity)")
     p.add_argument("--attention", default="torch_batched", choices=["torch_batched", "torch"],
                    help="the engine's attention backend for every system (default: torch_batched)")
+    p.add_argument("--orca", default="max,pow2,oracle",
+                   help="reservation rules of the Orca systems (continuous batching over contiguous slabs), "
+                        "comma-separated among max, pow2, oracle, or 'none' (default: all three)")
     p.add_argument("--skip-hf", action="store_true", help="do not run HF Transformers")
     p.add_argument("--plot-dir", default=None, help="also save serving_timeline.png there")
     p.add_argument("--seed", type=int, default=0, help="trace seed (default: 0)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
 
 
+def _without_outputs(system: dict) -> dict:
+    return {k: v for k, v in system.items() if k != "outputs"}
+
+
 def main(args) -> int:
     sizes = tuple(int(x) for x in args.hf_batch_sizes.split(",") if x.strip())
     if not sizes or min(sizes) < 1:
         raise ValueError(f"--hf-batch-sizes={args.hf_batch_sizes!r} must list positive integers, e.g. 8,16")
+    orca = () if args.orca == "none" else tuple(x.strip() for x in args.orca.split(",") if x.strip())
+    if any(rule not in ("max", "pow2", "oracle") for rule in orca):
+        raise ValueError(f"--orca={args.orca!r}: list reservation rules among max, pow2, oracle, or say 'none'")
     r = run(args.model, args.requests, args.scale, args.kv_capacity, args.max_model_len, args.max_num_seqs,
             hf_batch_sizes=sizes, pressure_capacity=args.pressure_capacity, seed=args.seed,
-            progress=not args.json, skip_hf=args.skip_hf, plot_dir=args.plot_dir, attention=args.attention)
+            progress=not args.json, skip_hf=args.skip_hf, plot_dir=args.plot_dir, attention=args.attention,
+            orca=orca)
+    records.publish({**r, **{key: [_without_outputs(s) for s in r[key]] for key in ("systems", "orca", "pressure")}})
     if args.json:
-        for s in r["systems"] + r["pressure"]:
+        for s in r["systems"] + r["orca"] + r["pressure"]:
             s.pop("outputs")
         print(json.dumps(r, indent=2))
     else:

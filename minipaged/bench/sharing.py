@@ -19,6 +19,8 @@ import argparse
 import json
 import os
 
+from minipaged import records
+
 INSTRUCTIONS = [
     "Give three tips for keeping a houseplant alive.",
     "Explain what a prime number is.",
@@ -94,6 +96,7 @@ def add_arguments(p):
 
 def main(args) -> int:
     result = run(args.model, args.max_tokens, plot_dir=args.plot_dir, plot_width=args.plot_width)
+    records.publish(result)
     print(json.dumps(result, indent=2) if args.json else format_result(result))
     return 0
 

@@ -31,6 +31,8 @@ import os
 import time
 from statistics import median
 
+from minipaged import records
+
 COPY = [
     "Repeat this list exactly: apples, pears, plums, figs, dates, limes, cherries, grapes.",
     "Rewrite this sentence in the past tense: The library opens at nine, the staff unlock the doors, and "
@@ -207,5 +209,6 @@ def add_arguments(p):
 def main(args) -> int:
     r = run(args.model, tuple(args.k), args.max_tokens, args.attention, progress=not args.json,
             plot_dir=args.plot_dir, repeats=args.repeats)
+    records.publish(r)
     print(json.dumps(r, indent=2) if args.json else format_result(r))
     return 0 if r["identical_outputs"] else 1

@@ -33,6 +33,7 @@ import json
 import statistics
 import time
 
+from minipaged import records
 from minipaged.bench.prefix import QUESTIONS, SYSTEM_PROMPT
 
 README_QUESTIONS = [
@@ -175,9 +176,10 @@ def add_arguments(p):
 
 def main(args) -> int:
     r = run(args.model, tuple(args.workloads), args.rounds, args.hf_batch_size, progress=not args.json)
-    if args.json:
+    if args.json or args.record is not None:
         for row in r["workloads"].values():
             for system in ("minipaged", "chunked", "hf"):
                 row[system].pop("tokens", None)
+    records.publish(r)
     print(json.dumps(r, indent=2) if args.json else format_result(r))
     return 0

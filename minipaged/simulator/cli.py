@@ -6,6 +6,7 @@
     python -m minipaged.simulator --sharing                    memory saved by copy-on-write sharing (ch05)
     python -m minipaged.simulator --prefix                     prefill saved by the prefix cache (ch07)
     python -m minipaged.simulator --chunked                    inter-token latency with chunked prefill (ch08)
+    python -m minipaged.simulator --serving --capacity 16384   forward passes: static, Orca, paged (ch06)
 
 ``register(subparsers)`` adds the same command as ``simulate`` to another argparse program; the
 parsed arguments carry ``func``, which runs it and returns the exit code.
@@ -22,10 +23,11 @@ thing being compared, is what limits every policy. Utilization is averaged over 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
+import sys
 
+from minipaged import records
 from minipaged.kv import ALL_POLICIES, POLICIES, RESERVATION_RULES
 from minipaged.simulator.compare import (
     SWEEP_BLOCK_SIZES,
@@ -35,6 +37,7 @@ from minipaged.simulator.compare import (
 )
 from minipaged.simulator.workloads import WORKLOADS, describe, make_workload
 
+SERVING_REQUESTS = 200  # with --serving: a few seconds for the static system's ~25,000 steps
 DEFAULTS = dict(workload="sharegpt", capacity=32768, block_size=16, num_requests=1000, arrival_rate=1.0,
                 max_model_len=2048, seed=0)
 
@@ -96,6 +99,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--step-overhead", type=float, default=None,
                         help="with --chunked: what every step costs besides its tokens, in tokens' worth; "
                              "default 55, what python -m minipaged bench chunked measured on a 2-core CPU")
+    parser.add_argument("--serving", action="store_true",
+                        help="chapter 06 instead: the trace through the real engine core without a model "
+                             "(minipaged/simulator/serving.py), served by static batching, by Orca's "
+                             "continuous batching over contiguous slabs (max, pow2, oracle reservations) and by "
+                             "continuous batching over blocks on demand: forward passes, mean batch, preemptions "
+                             f"(--num-requests defaults to {SERVING_REQUESTS})")
     parser.add_argument("--plot-dir", default=None,
                         help="also save PNG figures there: waste breakdown per policy, a memory map per "
                              "policy (its first 2000 steps), and the sweep if asked (needs matplotlib)")
@@ -137,6 +146,8 @@ def run(args: argparse.Namespace) -> int:
         return run_prefix(args)
     if getattr(args, "chunked", False):
         return run_chunked(args)
+    if getattr(args, "serving", False):
+        return run_serving(args)
     if getattr(args, "sharing", False):
         if any(n < 1 for n in args.samples + args.beam_widths):
             raise SystemExit("--samples and --beam-widths must be >= 1")
@@ -161,14 +172,12 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"simulate: {error}") from None
 
     config = {k: getattr(args, k) for k in DEFAULTS}
-    if args.json:
-        out = {"config": config, "workload": describe(requests),
-               "policies": {r.policy: r.summary() for r in results}}
-        if sweep is not None:
-            out["block_size_sweep"] = {label: {str(bs): round(r.utilization, 4) for bs, r in runs.items()}
-                                       for label, runs in sweep.items()}
-        print(json.dumps(out, indent=2))
-    else:
+    out = {"config": config, "workload": describe(requests), "policies": {r.policy: r.summary() for r in results}}
+    if sweep is not None:
+        out["block_size_sweep"] = {label: {str(bs): round(r.utilization, 4) for bs, r in runs.items()}
+                                   for label, runs in sweep.items()}
+    records.emit(out, args.json)
+    if not args.json:
         stats = describe(requests)
         print(f"{args.workload}-like trace: {stats['num_requests']} requests, mean input "
               f"{stats['mean_input']:.2f}, mean output {stats['mean_output']:.2f} tokens; capacity "
@@ -198,11 +207,9 @@ def run_prefix(args: argparse.Namespace) -> int:
     ideal = prefix.ideal_hit_rate(requests, args.block_size)
     rows = prefix.sweep_capacity(requests, args.capacities, progress=not args.json, block_size=args.block_size,
                                  max_model_len=d["max_model_len"], max_num_seqs=d["max_num_seqs"])
-    if args.json:
-        print(json.dumps({"config": {**d, "num_requests": len(requests), "seed": args.seed,
-                                     "block_size": args.block_size}, "ideal_hit_rate": ideal, "rows": rows},
-                         indent=2))
-    else:
+    records.emit({"config": {**d, "num_requests": len(requests), "seed": args.seed, "block_size": args.block_size},
+                  "ideal_hit_rate": ideal, "rows": rows}, args.json)
+    if not args.json:
         mean = sum(r.prompt_len for r in requests) / len(requests)
         print(f"{len(requests)} chat requests, {d['num_prefixes']} system prompts of {d['prefix_len']} tokens "
               f"(Zipf {d['zipf']}), mean prompt {mean:.1f} tokens, block size {args.block_size}, "
@@ -215,6 +222,57 @@ def run_prefix(args: argparse.Namespace) -> int:
         path = os.path.join(args.plot_dir, "prefix_capacity_sweep.png")
         plot_prefix_sweep(rows, ideal, path=path)
         print(f"\nsaved {path}")
+    return 0
+
+
+SERVING_SYSTEMS = [  # (label, scheduler, policy, reservation)
+    ("static + contiguous", "static", "contiguous", "max"),
+    ("Orca (max): continuous + contiguous", "continuous", "contiguous", "max"),
+    ("Orca (pow2): continuous + contiguous", "continuous", "contiguous", "pow2"),
+    ("Orca (oracle): continuous + contiguous", "continuous", "contiguous", "oracle"),
+    ("continuous + paged", "continuous", "on_demand", "max"),
+]
+
+
+def serving_runs(requests, capacity: int, block_size: int, max_model_len: int, max_num_seqs: int = 256) -> dict:
+    """label -> ServingRun for every system of SERVING_SYSTEMS on the same requests and capacity."""
+    from minipaged.kv import make_policy
+    from minipaged.simulator.serving import simulate_serving
+
+    runs = {}
+    for label, scheduler, policy_name, reservation in SERVING_SYSTEMS:
+        policy = make_policy(policy_name, num_slots=capacity, block_size=block_size, max_model_len=max_model_len,
+                             reservation=reservation)
+        runs[label] = simulate_serving(scheduler, policy, requests, max_num_seqs=max_num_seqs)
+    return runs
+
+
+def run_serving(args: argparse.Namespace) -> int:
+    args.workload = args.workload or DEFAULTS["workload"]
+    requests = make_workload(args.workload, args.num_requests or SERVING_REQUESTS, arrival_rate=float("inf"),
+                             max_model_len=args.max_model_len, seed=args.seed)
+    runs = serving_runs(requests, args.capacity, args.block_size, args.max_model_len)
+    static = runs["static + contiguous"].steps
+    rows = {label: {"steps": r.steps, "mean_batch": round(r.mean_batch, 2), "preemptions": r.preemptions,
+                    "mean_kv_held": round(sum(r.kv_held) / len(r.kv_held), 4),
+                    "static_steps_over_steps": round(static / r.steps, 2)} for label, r in runs.items()}
+    config = {"workload": args.workload, "num_requests": len(requests), "capacity": args.capacity,
+              "block_size": args.block_size, "max_model_len": args.max_model_len, "max_num_seqs": 256,
+              "seed": args.seed}
+    records.emit({"config": config, "workload": describe(requests), "systems": rows}, args.json)
+    if not args.json:
+        stats = describe(requests)
+        print(f"{args.workload}-like trace: {stats['num_requests']} requests at once, mean input "
+              f"{stats['mean_input']:.2f}, mean output {stats['mean_output']:.2f} tokens; capacity {args.capacity} "
+              f"slots, block size {args.block_size}, max_model_len {args.max_model_len}, max_num_seqs 256\n")
+        print(f"{'system':<40}{'steps':>8}{'mean batch':>12}{'KV held':>9}{'preempt':>9}{'fewer steps':>13}")
+        print("-" * 91)
+        for label, row in rows.items():
+            print(f"{label:<40}{row['steps']:>8}{row['mean_batch']:>12.1f}{100 * row['mean_kv_held']:>8.1f}%"
+                  f"{row['preemptions']:>9}{row['static_steps_over_steps']:>12.2f}x")
+        print("\nsteps = forward passes to serve the whole trace (the model is replaced by one token per "
+              "sequence per step);\nKV held = share of the pool's slots held, mean over steps; fewer steps = "
+              "static's steps / the system's")
     return 0
 
 
@@ -233,10 +291,9 @@ def run_chunked(args: argparse.Namespace) -> int:
     rows = chunked.simulate_chunked(requests, budgets, step_overhead=overhead, max_num_seqs=d["max_num_seqs"],
                                     capacity=d["capacity"], block_size=d["block_size"],
                                     max_model_len=d["max_model_len"], progress=not args.json)
-    if args.json:
-        print(json.dumps({"config": {**d, "num_requests": len(requests), "seed": args.seed, "budgets": budgets,
-                                     "step_overhead": overhead}, "rows": rows}, indent=2))
-    else:
+    records.emit({"config": {**d, "num_requests": len(requests), "seed": args.seed, "budgets": budgets,
+                             "step_overhead": overhead}, "rows": rows}, args.json)
+    if not args.json:
         num_long = sum(1 for r in requests if r.prompt_len >= d["long_len"][0])
         print(f"{len(requests)} requests arriving at once: {num_long} documents of {d['long_len'][0]}-"
               f"{d['long_len'][1]} tokens among chat prompts of {d['short_len'][0]}-{d['short_len'][1]}; "
@@ -274,8 +331,24 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         prog="python -m minipaged.simulator",
         description="Simulate a request trace against KV-cache policies and measure memory waste.")
     add_arguments(parser)
+    records.add_argument(parser, record_default)
     parser.set_defaults(func=run)
     return parser
+
+
+POLICY_CHAPTER = {"contiguous": "01", "fixed_blocks": "02", "block_table": "03", "on_demand": "04", "shared": "05"}
+
+
+def record_default(args: argparse.Namespace) -> str:
+    """Where ``--record`` writes by default: the chapter of the mode, or of the latest policy compared."""
+    for mode, where in (("prefix", "07/simulate_prefix"), ("chunked", "08/simulate_chunked"),
+                        ("serving", "06/simulate_serving"),
+                        ("sharing", "05/simulate_sharing"), ("sweep_block_size", "04/simulate_block_sizes")):
+        if getattr(args, mode, False):
+            return where
+    chosen = [p for p in (args.policy or ["all"]) if p != "all"]
+    chapter = max((POLICY_CHAPTER[p] for p in chosen), default="04")
+    return f"{chapter}/simulate"
 
 
 def register(subparsers) -> argparse.ArgumentParser:
@@ -288,4 +361,4 @@ def register(subparsers) -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    return records.call(args, ["simulate", *(sys.argv[1:] if argv is None else argv)])

@@ -14,9 +14,9 @@ fraction moves by well under a point from 300 to 1000 requests while the run get
 
 from __future__ import annotations
 
-import json
 import os
 
+from minipaged import records
 from minipaged.simulator.sharing import PAPER_ALPACA_SAVED, simulate_sharing
 from minipaged.simulator.workloads import WORKLOADS, describe, make_workload
 
@@ -73,12 +73,11 @@ def run_sharing(args) -> int:
         rows = run_sharing_table(workloads, args.samples, args.beam_widths, **options)
     except ValueError as error:
         raise SystemExit(f"simulate --sharing: {error}") from None
-    if args.json:
-        traces = {w: describe(make_workload(w, num_requests, arrival_rate=args.arrival_rate,
-                                            max_model_len=args.max_model_len, seed=args.seed)) for w in workloads}
-        print(json.dumps({"config": {**options, "workloads": workloads}, "workload": traces, "sharing": rows,
-                          "paper_alpaca_saved": PAPER_ALPACA_SAVED}, indent=2))
-    else:
+    traces = {w: describe(make_workload(w, num_requests, arrival_rate=args.arrival_rate,
+                                        max_model_len=args.max_model_len, seed=args.seed)) for w in workloads}
+    records.emit({"config": {**options, "workloads": workloads}, "workload": traces, "sharing": rows,
+                  "paper_alpaca_saved": PAPER_ALPACA_SAVED}, args.json)
+    if not args.json:
         print(f"memory saved by sharing KV blocks: policy 'shared', {num_requests} requests per trace, capacity "
               f"{args.capacity} slots, block size {args.block_size}, max_model_len {args.max_model_len}, "
               f"seed {args.seed}\n")

@@ -17,7 +17,25 @@ def result():
 def test_every_system_served_the_same_trace_with_the_same_tokens(result):
     assert result["identical_outputs"]
     useful = result["systems"][0]["output_tokens"]
-    assert all(s["output_tokens"] == useful and s["requests"] == 12 for s in result["systems"] + result["pressure"])
+    served = result["systems"] + result["orca"] + result["pressure"]
+    assert all(s["output_tokens"] == useful and s["requests"] == 12 for s in served)
+
+
+def test_orca_schedules_every_step_over_slabs(result):
+    """Orca's three reservations sit between static batching and paging: the same contiguous slabs as
+    static, but a request joins as soon as a slab is free; the tighter the reservation, the more fit."""
+    static, continuous = result["systems"]
+    by_rule = {o["system"]: o for o in result["orca"]}
+    assert list(by_rule) == [f"Orca ({rule}): continuous + contiguous" for rule in ("max", "pow2", "oracle")]
+    orca_max, pow2, oracle = by_rule.values()
+    assert orca_max["mean_batch"] >= static["mean_batch"]  # same slabs, refilled at once
+    assert orca_max["peak_kv_utilization"] <= oracle["peak_kv_utilization"]  # max reserves the most
+    assert continuous["mean_kv_utilization"] >= oracle["mean_kv_utilization"]
+    ratios = result["ratios"]
+    for rule in ("max", "pow2", "oracle"):
+        assert ratios[f"orca_{rule}_vs_static_requests_per_s"] > 0
+        assert ratios[f"continuous_vs_orca_{rule}_requests_per_s"] > 0
+    assert "Orca (pow2) / static: scheduling alone" in serving.format_result(result)
 
 
 def test_the_report_measures_batches_memory_and_preemptions(result):
@@ -63,3 +81,16 @@ def test_hf_padded_batches_count_the_padding_they_decode():
     result = run_padded(model, prompts, lens, batch_size=2)
     assert result.output_tokens == 10 and result.requests == 4
     assert result.decoded_tokens == 2 * 4 + 2 * 3  # each batch runs to its longest request
+
+
+def test_simulate_serving_separates_scheduling_from_paging(capsys):
+    """`simulate --serving`: at one capacity, iteration-level scheduling alone (Orca) needs fewer forward
+    passes than static batching, tighter reservations fewer again, and paging the fewest."""
+    from minipaged.simulator import cli
+
+    assert cli.main(["--serving", "--num-requests", "40", "--capacity", "4096", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["systems"]
+    steps = [rows[label]["steps"] for label, *_ in cli.SERVING_SYSTEMS]
+    assert steps[0] > steps[1] >= steps[2] >= steps[3] > steps[4], steps
+    assert all(rows[label]["preemptions"] == 0 for label, _, policy, _ in cli.SERVING_SYSTEMS if policy == "contiguous")
+    assert rows["static + contiguous"]["static_steps_over_steps"] == 1.0

@@ -1,0 +1,324 @@
+"""Results records: what a benchmark or simulation printed, kept with where and when it ran, so that
+every figure a chapter quotes can be traced to one run and re-rendered from it.
+
+    python -m minipaged simulate --policy contiguous --record         writes a record
+    python -m minipaged bench serving --record serving_small          ... under a name of your choosing
+    python -m minipaged.records render                                rewrites the chapters from them
+    python -m minipaged.records render --check                        exit 1 if a chapter disagrees
+    python -m minipaged.records list                                  every record and where it is quoted
+
+A record is ``chapters/NN_slug/results/NAME.json``. It holds the command line (without ``--record``),
+the git commit of the code it measured, the date, the machine (CPU model, cores, torch and Python
+versions), everything the command printed on stdout, and ``results``: the numbers the command
+computed, as its ``--json`` output gives them. The chapter is the one the command belongs to
+(``bench serving``: 06); ``--record 03/NAME`` puts it in another chapter's folder.
+
+In a chapter's text, two kinds of marker tie the words to a record:
+
+- A block. Everything between ``<!-- record: NAME -->`` and ``<!-- /record -->`` is rendered: the
+  command, what it printed, and a line saying at which commit, on which machine and by which command
+  it was measured. ``<!-- record: NAME lines=3-7 -->`` keeps only those lines of the output (1-based,
+  inclusive), for a command that prints more than the chapter needs.
+- A figure in a sentence. ``98.5%<!-- fig: NAME policies.on_demand.utilization .1% -->``: the value
+  at that path in the record's ``results`` (dots between keys; a list index is a number), written
+  with that format spec (Python's ``format``). ``render`` rewrites the number right before the
+  comment (digits, signs, ``.``, ``,``, ``%``, ``×``); ``--check`` fails when it differs. The spec may
+  end in ``x`` for a ratio written with ``×`` (``.2fx``: ``3.25×``).
+
+Not handled: a figure computed from two records (write the inputs, or add the figure to the
+command's results), and records of commands that do not run in this process (the notebooks).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import io
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CHAPTERS = ROOT / "chapters"
+
+
+# ---------------------------------------------------------------- writing a record
+
+
+def add_argument(parser: argparse.ArgumentParser, default) -> None:
+    """Give a command ``--record [[NN/]NAME]``. ``default`` is where a bare ``--record`` goes: "NN/name",
+    or a function of the parsed arguments that returns one (for a command whose mode picks the chapter)."""
+    shown = default if isinstance(default, str) else "depends on the mode"
+    parser.add_argument("--record", nargs="?", const="", default=None, metavar="[NN/]NAME",
+                        help=f"also write this run to chapters/NN_slug/results/NAME.json (default: {shown}): "
+                             f"the command, commit, date, machine, output and results, which "
+                             f"`python -m minipaged.records render` writes into the chapter")
+    parser.set_defaults(record_default=default)
+
+
+def call(args: argparse.Namespace, argv: list[str]) -> int:
+    """Run a parsed command, inside a recording when it was given ``--record``."""
+    spec = getattr(args, "record", None)
+    if spec is None:
+        return args.func(args) or 0
+    default = args.record_default if isinstance(args.record_default, str) else args.record_default(args)
+    chapter, _, name = default.rpartition("/")
+    if spec:
+        spec_chapter, _, name = spec.rpartition("/")
+        chapter = spec_chapter or chapter
+    with recording(record_path(name, chapter), argv) as done:
+        rc = args.func(args) or 0
+        done(rc == 0)
+    return rc
+
+
+def chapter_dir(number: str) -> Path:
+    found = sorted(CHAPTERS.glob(f"{int(number):02d}_*"))
+    if not found:
+        known = sorted(p.name[:2] for p in CHAPTERS.glob("[0-9][0-9]_*"))
+        raise ValueError(f"--record: no chapter {number!r}; chapters are {known}")
+    return found[0]
+
+
+def record_path(name: str, chapter: str) -> Path:
+    """chapters/NN_slug/results/NAME.json."""
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
+        raise ValueError(f"--record: a name is letters, digits, '_', '.' and '-', got {name!r}")
+    if not chapter.isdigit():
+        raise ValueError(f"--record: a chapter is a number such as 06, got {chapter!r}")
+    return chapter_dir(chapter) / "results" / f"{name}.json"
+
+
+def machine() -> dict:
+    import torch
+
+    cpu = platform.processor() or platform.machine()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    return {"cpu": cpu, "cores": os.cpu_count(), "torch": torch.__version__,
+            "python": platform.python_version(), "threads": torch.get_num_threads()}
+
+
+def git_commit() -> dict:
+    """The commit of the code being measured, and whether minipaged/ differs from it."""
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+
+    commit = git("rev-parse", "--short=7", "HEAD") or "unknown"
+    dirty = bool(git("status", "--porcelain", "--", "minipaged"))
+    return {"commit": commit, "dirty": dirty}
+
+
+class _Tee(io.TextIOBase):
+    def __init__(self, stream):
+        self.stream, self.copy = stream, io.StringIO()
+
+    def write(self, s):
+        self.copy.write(s)
+        return self.stream.write(s)
+
+    def flush(self):
+        self.stream.flush()
+
+    def isatty(self):
+        return False
+
+
+_active: dict | None = None
+
+
+def publish(results: dict) -> None:
+    """A command hands over the numbers it computed; kept only while a record is being made."""
+    if _active is not None:
+        _active["results"] = json.loads(json.dumps(results, default=str))
+
+
+def emit(results: dict, as_json: bool) -> None:
+    """What every recordable command does with its numbers: publish them, and print them with --json."""
+    publish(results)
+    if as_json:
+        print(json.dumps(results, indent=2))
+
+
+@contextlib.contextmanager
+def recording(path: Path, argv: list[str]):
+    """Run the body with stdout copied; it calls the yielded function with True to write the record."""
+    global _active
+    command = " ".join(["python -m minipaged", *_without_record(argv)])
+    _active = {"command": command, **git_commit(),
+               "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+               "machine": machine(), "results": None}
+    tee, saved = _Tee(sys.stdout), sys.stdout
+    ok = []
+    sys.stdout = tee
+    try:
+        yield ok.append
+    finally:
+        sys.stdout, record = saved, dict(_active, stdout=tee.copy.getvalue())
+        _active = None
+    if ok and ok[0]:
+        if record["results"] is None:
+            raise RuntimeError(f"{command}: the command published no results to record")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(record, indent=1) + "\n")
+        print(f"recorded in {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}", file=sys.stderr)
+
+
+def _without_record(argv: list[str]) -> list[str]:
+    out, skip = [], False
+    for i, a in enumerate(argv):
+        if skip:
+            skip = False
+            continue
+        if a == "--record":
+            nxt = argv[i + 1] if i + 1 < len(argv) else None
+            skip = nxt is not None and not nxt.startswith("-")
+            continue
+        if a.startswith("--record="):
+            continue
+        out.append(a)
+    return out
+
+
+# ---------------------------------------------------------------- rendering the chapters
+
+BLOCK = re.compile(r"<!-- record: (?P<name>[A-Za-z0-9_.-]+)(?P<opts>[^>]*?) -->\n(?P<body>.*?)<!-- /record -->",
+                   re.S)
+FIG = re.compile(r"(?P<value>[0-9][0-9.,]*[%×]?|[−+-][0-9][0-9.,]*[%×]?)?"
+                 r"<!-- fig: (?P<name>[A-Za-z0-9_.-]+) (?P<path>\S+) (?P<spec>\S+) -->")
+
+
+def load(chapter: Path, name: str) -> dict:
+    path = chapter / "results" / f"{name}.json"
+    if not path.exists():
+        shown = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+        raise ValueError(f"{chapter.name}/README.md quotes record {name!r}, but {shown} does not exist: "
+                         f"run its command with --record {chapter.name[:2]}/{name}")
+    return json.loads(path.read_text())
+
+
+def lookup(record: dict, path: str):
+    value = record["results"]
+    for key in path.split("."):
+        value = value[int(key)] if isinstance(value, list) else value[key]
+    return value
+
+
+def fmt(value, spec: str) -> str:
+    if spec.endswith("x"):
+        return format(value, spec[:-1]) + "×"
+    return format(value, spec)
+
+
+def measured_line(record: dict) -> str:
+    m = record["machine"]
+    commit = record["commit"] + (" (with uncommitted changes)" if record.get("dirty") else "")
+    return (f"*Measured at commit `{commit}` on {record['date'][:10]}, on this machine ({m['cpu']}, "
+            f"{m['cores']} cores, torch {m['torch']}), by `{record['command']}`.*")
+
+
+def render_block(record: dict, opts: str) -> str:
+    out = record["stdout"].rstrip("\n").split("\n")
+    m = re.search(r"lines=(\d+)-(\d+)", opts)
+    if m:
+        out = out[int(m.group(1)) - 1:int(m.group(2))]
+    return "\n".join(["```bash", record["command"], "```", "", "```", *out, "```", "",
+                      measured_line(record), ""])
+
+
+@dataclass
+class Rendered:
+    text: str
+    records: set[str]
+    figures: int
+
+
+def render_text(text: str, chapter: Path) -> Rendered:
+    used: set[str] = set()
+    cache: dict[str, dict] = {}
+
+    def get(name):
+        used.add(name)
+        if name not in cache:
+            cache[name] = load(chapter, name)
+        return cache[name]
+
+    def block(m):
+        body = render_block(get(m["name"]), m["opts"])
+        return f"<!-- record: {m['name']}{m['opts']} -->\n{body}<!-- /record -->"
+
+    count = 0
+
+    def figure(m):
+        nonlocal count
+        count += 1
+        try:
+            value = lookup(get(m["name"]), m["path"])
+        except (KeyError, IndexError, ValueError, TypeError) as e:
+            raise ValueError(f"{chapter.name}: figure {m['path']!r} is not in record {m['name']!r} ({e!r})") from None
+        return fmt(value, m["spec"]) + m.group(0)[len(m["value"] or ""):]
+
+    text = BLOCK.sub(block, text)
+    text = FIG.sub(figure, text)
+    return Rendered(text, used, count)
+
+
+def chapters() -> list[Path]:
+    return sorted(p for p in CHAPTERS.glob("[0-9][0-9]_*") if (p / "README.md").exists())
+
+
+def render(check: bool = False) -> int:
+    stale = []
+    for chapter in chapters():
+        readme = chapter / "README.md"
+        text = readme.read_text()
+        new = render_text(text, chapter).text
+        if new != text:
+            if check:
+                stale.append(readme.relative_to(ROOT))
+            else:
+                readme.write_text(new)
+                print(f"rendered {readme.relative_to(ROOT)}")
+    if stale:
+        print("these chapters differ from what their records render; run `python -m minipaged.records "
+              "render` and look at the diff:\n  " + "\n  ".join(map(str, stale)))
+        return 1
+    return 0
+
+
+def list_records() -> int:
+    for chapter in chapters():
+        used = render_text((chapter / "README.md").read_text(), chapter).records
+        for path in sorted((chapter / "results").glob("*.json")):
+            r = json.loads(path.read_text())
+            where = "quoted" if path.stem in used else "NOT QUOTED"
+            print(f"{path.relative_to(ROOT)}  {r['commit']}  {r['date']}  {where}\n    {r['command']}")
+    return 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m minipaged.records", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("render", help="write every chapter's record blocks and figures from its records")
+    r.add_argument("--check", action="store_true", help="change nothing; exit 1 if a chapter is out of date")
+    sub.add_parser("list", help="every record, its commit, and whether a chapter quotes it")
+    args = parser.parse_args(argv)
+    try:
+        return render(args.check) if args.cmd == "render" else list_records()
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,145 @@
+"""The chapters' measured figures against their results records (minipaged/records.py).
+
+Every table a chapter shows between record markers must be what its record renders, every figure
+marked in a sentence must equal the record's value, and in the chapters listed in RECORDED every
+measured-looking number in a "Measured" section must come from a record (or say it is cited).
+"""
+
+import json
+import re
+
+import pytest
+
+from minipaged import records
+
+# Chapters whose measured sections are wholly rendered from records.
+RECORDED: list[str] = []
+
+NUMBER = re.compile(r"(?<![\w.])[−+-]?\d[\d,]*(?:\.\d+)?\s?(?:%|×)|(?<![\w.])\d+\.\d+(?![\w.])")
+CITED = re.compile(r"<!-- cited: [^>]* -->")
+
+
+def test_every_chapter_is_what_its_records_render():
+    stale = []
+    for chapter in records.chapters():
+        text = (chapter / "README.md").read_text()
+        if records.render_text(text, chapter).text != text:
+            stale.append(chapter.name)
+    assert not stale, f"run `python -m minipaged.records render` and review the diff: {stale}"
+
+
+def test_every_record_is_complete_and_from_committed_code():
+    for path in sorted(records.CHAPTERS.glob("*/results/*.json")):
+        r = json.loads(path.read_text())
+        for key in ("command", "commit", "date", "machine", "stdout", "results"):
+            assert r.get(key) not in (None, ""), f"{path}: no {key!r}"
+        assert r["command"].startswith("python -m minipaged "), path
+        assert "--record" not in r["command"], path
+        assert not r["dirty"], f"{path} was measured with uncommitted changes to minipaged/: measure it again"
+        assert {"cpu", "cores", "torch"} <= set(r["machine"]), path
+
+
+def _measured_sections(text: str):
+    """(heading, body) of every section whose heading starts with "Measured", up to the next heading
+    of the same or a higher level."""
+    for m in re.finditer(r"^(#{2,3}) (Measured[^\n]*)\n(.*?)(?=^#{2,3} |\Z)", text, re.M | re.S):
+        yield m.group(2), m.group(3)
+
+
+def _unrecorded_numbers(body: str) -> list[str]:
+    body = records.BLOCK.sub("", body)
+    body = re.sub(r"```.*?```", "", body, flags=re.S)  # commands and code
+    body = re.sub(r"`[^`\n]*`", "", body)  # inline code: options, not figures
+    body = records.FIG.sub("", body)
+    body = re.sub(r"\S*\d\S*\s*" + CITED.pattern, "", body)
+    body = re.sub(r"!\[[^\]]*\]\([^)]*\)|\]\([^)]*\)", "", body)  # image and link targets
+    return NUMBER.findall(body)
+
+
+@pytest.mark.parametrize("name", RECORDED)
+def test_every_measured_figure_has_a_record(name):
+    text = (records.CHAPTERS / name / "README.md").read_text()
+    assert records.render_text(text, records.CHAPTERS / name).records, f"{name} quotes no record"
+    sections = list(_measured_sections(text))
+    assert sections, f"{name} has no Measured section"
+    loose = {heading: found for heading, body in sections if (found := _unrecorded_numbers(body))}
+    assert not loose, (f"{name}: these figures are in no record; mark each with <!-- fig: NAME PATH SPEC --> "
+                       f"(or <!-- cited: SOURCE --> for a number quoted from elsewhere): {loose}")
+
+
+# ---- the renderer itself, on a record made up here
+
+
+def _fake(tmp_path, results, stdout="a\nb\nc\n"):
+    chapter = tmp_path / "99_fake"
+    (chapter / "results").mkdir(parents=True)
+    record = {"command": "python -m minipaged simulate --x", "commit": "abc1234", "dirty": False,
+              "date": "2026-01-02 03:04 UTC", "machine": {"cpu": "Some CPU", "cores": 2, "torch": "2.0"},
+              "stdout": stdout, "results": results}
+    (chapter / "results" / "r.json").write_text(json.dumps(record))
+    return chapter
+
+
+def test_a_figure_is_rewritten_from_its_record(tmp_path):
+    chapter = _fake(tmp_path, {"a": {"util": 0.9853}, "rows": [{"x": 3.254}], "n": 12688})
+    text = ("util 12.0%<!-- fig: r a.util .1% --> and 1.00×<!-- fig: r rows.0.x .2fx --> "
+            "over 5<!-- fig: r n d --> steps")
+    out = records.render_text(text, chapter)
+    assert out.text == ("util 98.5%<!-- fig: r a.util .1% --> and 3.25×<!-- fig: r rows.0.x .2fx --> "
+                        "over 12688<!-- fig: r n d --> steps")
+    assert out.figures == 3 and out.records == {"r"}
+    assert records.render_text(out.text, chapter).text == out.text  # rendering twice changes nothing
+
+
+def test_a_block_shows_the_command_its_output_and_where_it_was_measured(tmp_path):
+    chapter = _fake(tmp_path, {"a": 1})
+    text = "before\n<!-- record: r lines=2-3 -->\nstale\n<!-- /record -->\nafter"
+    out = records.render_text(text, chapter).text
+    assert "```bash\npython -m minipaged simulate --x\n```" in out
+    assert "```\nb\nc\n```" in out and "\na\n" not in out
+    assert "commit `abc1234` on 2026-01-02" in out and "Some CPU, 2 cores, torch 2.0" in out
+    assert out.startswith("before\n<!-- record: r lines=2-3 -->\n") and out.endswith("<!-- /record -->\nafter")
+
+
+def test_a_missing_record_or_path_says_what_to_run(tmp_path):
+    chapter = _fake(tmp_path, {"a": 1})
+    with pytest.raises(ValueError, match="--record 99/nope"):
+        records.render_text("<!-- record: nope -->\n<!-- /record -->", chapter)
+    with pytest.raises(ValueError, match="'b' is not in record 'r'"):
+        records.render_text("1<!-- fig: r b d -->", chapter)
+
+
+def test_figures_without_a_record_are_found():
+    body = ("We measured 98.5% and 3.25× here, 1.5 ms there; 12.0%<!-- fig: r a .1% --> is marked, "
+            "`--rate 1.5` is an option, and the paper's 20.4%<!-- cited: the paper, Fig. 2 --> is cited.\n"
+            "```\n9.9%\n```\n")
+    assert _unrecorded_numbers(body) == ["98.5%", "3.25×", "1.5"]
+
+
+def test_record_writes_command_commit_machine_output_and_results(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(records, "chapter_dir", lambda number: tmp_path / number)
+    from minipaged.simulator import cli
+
+    argv = ["--policy", "contiguous", "--reservation", "max", "--num-requests", "20", "--capacity", "4096",
+            "--record", "07/mine"]
+    assert cli.main(argv) == 0
+    printed = capsys.readouterr().out
+    r = json.loads((tmp_path / "07" / "results" / "mine.json").read_text())
+    assert r["command"] == ("python -m minipaged simulate --policy contiguous --reservation max "
+                            "--num-requests 20 --capacity 4096")
+    assert r["stdout"] == printed and "contiguous(max)" in printed
+    assert r["results"]["policies"]["contiguous(max)"]["finished"] == 20
+    assert r["machine"]["cores"] >= 1 and len(r["commit"]) >= 7
+
+
+def test_a_bare_record_goes_to_the_chapter_of_the_mode():
+    from minipaged.simulator import cli
+
+    parse = cli.build_parser().parse_args
+    assert cli.record_default(parse(["--policy", "contiguous"])) == "01/simulate"
+    assert cli.record_default(parse(["--policy", "contiguous", "block_table"])) == "03/simulate"
+    assert cli.record_default(parse([])) == "04/simulate"
+    assert cli.record_default(parse(["--prefix"])) == "07/simulate_prefix"
+    assert records.record_path("x", "6").parent.parent.name == "06_continuous-batching"
+    with pytest.raises(ValueError, match="no chapter"):
+        records.record_path("x", "42")

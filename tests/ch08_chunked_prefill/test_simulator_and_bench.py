@@ -2,6 +2,7 @@
 benchmark (``bench chunked``) on the tiny model. The real-model figures come from the commands."""
 
 import json
+import math
 
 import pytest
 
@@ -92,7 +93,8 @@ def test_bench_chunked_on_the_tiny_model(tmp_path):
     whole, chunked = r["systems"]["whole prefills"], r["systems"]["chunked 16"]
     assert r["identical_outputs"] and r["documents"] == 3
     assert chunked["max_step_tokens"] == 16 < whole["max_step_tokens"] and chunked["steps"] > whole["steps"]
-    assert r["step_cost"]["per_token_s"] > 0
+    cost = r["step_cost"]  # a fit to timings: its sign is the machine's business, not this test's
+    assert all(isinstance(cost[k], float) and math.isfinite(cost[k]) for k in ("overhead_s", "per_token_s"))
     text = bench.format_result(r)
     assert "chunked 16: ITL p99" in text and "identical outputs, token for token, in every run: yes" in text
     assert all((tmp_path / name).stat().st_size > 10_000 for name in ("chunked_itl.png", "chunked_step_cost.png"))

@@ -225,13 +225,13 @@ def run_prefix(args: argparse.Namespace) -> int:
     return 0
 
 
-SERVING_SYSTEMS = [  # (label, scheduler, policy, reservation)
-    ("static + contiguous", "static", "contiguous", "max"),
-    ("Orca (max): continuous + contiguous", "continuous", "contiguous", "max"),
-    ("Orca (pow2): continuous + contiguous", "continuous", "contiguous", "pow2"),
-    ("Orca (oracle): continuous + contiguous", "continuous", "contiguous", "oracle"),
-    ("continuous + paged", "continuous", "on_demand", "max"),
-]
+SERVING_SYSTEMS = {  # key: (label, scheduler, policy, reservation)
+    "static": ("static + contiguous", "static", "contiguous", "max"),
+    "orca_max": ("Orca (max): continuous + contiguous", "continuous", "contiguous", "max"),
+    "orca_pow2": ("Orca (pow2): continuous + contiguous", "continuous", "contiguous", "pow2"),
+    "orca_oracle": ("Orca (oracle): continuous + contiguous", "continuous", "contiguous", "oracle"),
+    "paged": ("continuous + paged", "continuous", "on_demand", "max"),
+}
 
 
 def serving_runs(requests, capacity: int, block_size: int, max_model_len: int, max_num_seqs: int = 256) -> dict:
@@ -240,7 +240,7 @@ def serving_runs(requests, capacity: int, block_size: int, max_model_len: int, m
     from minipaged.simulator.serving import simulate_serving
 
     runs = {}
-    for label, scheduler, policy_name, reservation in SERVING_SYSTEMS:
+    for label, scheduler, policy_name, reservation in SERVING_SYSTEMS.values():
         policy = make_policy(policy_name, num_slots=capacity, block_size=block_size, max_model_len=max_model_len,
                              reservation=reservation)
         runs[label] = simulate_serving(scheduler, policy, requests, max_num_seqs=max_num_seqs)
@@ -253,9 +253,10 @@ def run_serving(args: argparse.Namespace) -> int:
                              max_model_len=args.max_model_len, seed=args.seed)
     runs = serving_runs(requests, args.capacity, args.block_size, args.max_model_len)
     static = runs["static + contiguous"].steps
-    rows = {label: {"steps": r.steps, "mean_batch": round(r.mean_batch, 2), "preemptions": r.preemptions,
-                    "mean_kv_held": round(sum(r.kv_held) / len(r.kv_held), 4),
-                    "static_steps_over_steps": round(static / r.steps, 2)} for label, r in runs.items()}
+    keys = {label: key for key, (label, *_) in SERVING_SYSTEMS.items()}
+    rows = {keys[label]: {"label": label, "steps": r.steps, "mean_batch": round(r.mean_batch, 2),
+                          "preemptions": r.preemptions, "mean_kv_held": round(sum(r.kv_held) / len(r.kv_held), 4),
+                          "static_steps_over_steps": round(static / r.steps, 2)} for label, r in runs.items()}
     config = {"workload": args.workload, "num_requests": len(requests), "capacity": args.capacity,
               "block_size": args.block_size, "max_model_len": args.max_model_len, "max_num_seqs": 256,
               "seed": args.seed}
@@ -267,8 +268,8 @@ def run_serving(args: argparse.Namespace) -> int:
               f"slots, block size {args.block_size}, max_model_len {args.max_model_len}, max_num_seqs 256\n")
         print(f"{'system':<40}{'steps':>8}{'mean batch':>12}{'KV held':>9}{'preempt':>9}{'fewer steps':>13}")
         print("-" * 91)
-        for label, row in rows.items():
-            print(f"{label:<40}{row['steps']:>8}{row['mean_batch']:>12.1f}{100 * row['mean_kv_held']:>8.1f}%"
+        for row in rows.values():
+            print(f"{row['label']:<40}{row['steps']:>8}{row['mean_batch']:>12.1f}{100 * row['mean_kv_held']:>8.1f}%"
                   f"{row['preemptions']:>9}{row['static_steps_over_steps']:>12.2f}x")
         print("\nsteps = forward passes to serve the whole trace (the model is replaced by one token per "
               "sequence per step);\nKV held = share of the pool's slots held, mean over steps; fewer steps = "

@@ -90,7 +90,8 @@ def test_simulate_serving_separates_scheduling_from_paging(capsys):
 
     assert cli.main(["--serving", "--num-requests", "40", "--capacity", "4096", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)["systems"]
-    steps = [rows[label]["steps"] for label, *_ in cli.SERVING_SYSTEMS]
+    steps = [rows[key]["steps"] for key in ("static", "orca_max", "orca_pow2", "orca_oracle", "paged")]
     assert steps[0] > steps[1] >= steps[2] >= steps[3] > steps[4], steps
-    assert all(rows[label]["preemptions"] == 0 for label, _, policy, _ in cli.SERVING_SYSTEMS if policy == "contiguous")
-    assert rows["static + contiguous"]["static_steps_over_steps"] == 1.0
+    assert all(rows[key]["preemptions"] == 0 for key, (*_, policy, _) in cli.SERVING_SYSTEMS.items()
+               if policy == "contiguous")
+    assert rows["static"]["static_steps_over_steps"] == 1.0 and rows["paged"]["label"] == "continuous + paged"

@@ -13,7 +13,7 @@ import pytest
 from minipaged import records
 
 # Chapters whose measured sections are wholly rendered from records.
-RECORDED = ["01_contiguous-cache", "02_fixed-blocks"]
+RECORDED = ["01_contiguous-cache", "02_fixed-blocks", "03_block-table"]
 
 NUMBER = re.compile(r"(?<![\w.])[−+-]?\d[\d,]*(?:\.\d+)?\s?(?:%|×)|(?<![\w.])\d+\.\d+(?![\w.])")
 CITED = re.compile(r"<!-- cited: [^>]* -->")

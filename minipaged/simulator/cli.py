@@ -38,6 +38,7 @@ from minipaged.simulator.compare import (
 from minipaged.simulator.workloads import WORKLOADS, describe, make_workload
 
 SERVING_REQUESTS = 200  # with --serving: a few seconds for the static system's ~25,000 steps
+SERVING_MAX_NUM_SEQS = 256  # with --serving: high enough that memory, not this cap, limits every system
 DEFAULTS = dict(workload="sharegpt", capacity=32768, block_size=16, num_requests=1000, arrival_rate=1.0,
                 max_model_len=2048, seed=0)
 
@@ -234,7 +235,8 @@ SERVING_SYSTEMS = {  # key: (label, scheduler, policy, reservation)
 }
 
 
-def serving_runs(requests, capacity: int, block_size: int, max_model_len: int, max_num_seqs: int = 256) -> dict:
+def serving_runs(requests, capacity: int, block_size: int, max_model_len: int,
+                 max_num_seqs: int = SERVING_MAX_NUM_SEQS) -> dict:
     """label -> ServingRun for every system of SERVING_SYSTEMS on the same requests and capacity."""
     from minipaged.kv import make_policy
     from minipaged.simulator.serving import simulate_serving
@@ -258,14 +260,16 @@ def run_serving(args: argparse.Namespace) -> int:
                           "preemptions": r.preemptions, "mean_kv_held": round(sum(r.kv_held) / len(r.kv_held), 4),
                           "static_steps_over_steps": round(static / r.steps, 2)} for label, r in runs.items()}
     config = {"workload": args.workload, "num_requests": len(requests), "capacity": args.capacity,
-              "block_size": args.block_size, "max_model_len": args.max_model_len, "max_num_seqs": 256,
+              "block_size": args.block_size, "max_model_len": args.max_model_len,
+              "max_num_seqs": SERVING_MAX_NUM_SEQS,
               "seed": args.seed}
     records.emit({"config": config, "workload": describe(requests), "systems": rows}, args.json)
     if not args.json:
         stats = describe(requests)
         print(f"{args.workload}-like trace: {stats['num_requests']} requests at once, mean input "
               f"{stats['mean_input']:.2f}, mean output {stats['mean_output']:.2f} tokens; capacity {args.capacity} "
-              f"slots, block size {args.block_size}, max_model_len {args.max_model_len}, max_num_seqs 256\n")
+              f"slots, block size {args.block_size}, max_model_len {args.max_model_len}, "
+              f"max_num_seqs {SERVING_MAX_NUM_SEQS}\n")
         print(f"{'system':<40}{'steps':>8}{'mean batch':>12}{'KV held':>9}{'preempt':>9}{'fewer steps':>13}")
         print("-" * 91)
         for row in rows.values():

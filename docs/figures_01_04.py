@@ -259,12 +259,6 @@ def chapter_4(full, medium) -> None:
     medium_map(4, medium, "on_demand")
     waste_bars(4, full, [r.policy for r in full], "waste_all_policies.png",
                "KV memory by policy, 1000 ShareGPT-like requests (label: utilization)")
-    policy = make_policy("on_demand", num_slots=DEFAULTS["capacity"], block_size=DEFAULTS["block_size"],
-                         max_model_len=DEFAULTS["max_model_len"])
-    history = simulate(policy, default_trace(), record_history=True).history
-    per_seq = [(r.usage.reserved + r.usage.internal) / r.usage.num_seqs for r in history if r.usage.num_seqs]
-    print(f"on_demand, default trace: unused slots per running sequence, mean {sum(per_seq) / len(per_seq):.2f}, "
-          f"worst step {max(per_seq):.2f} (block size {DEFAULTS['block_size']}, over {len(per_seq)} steps)")
     variants = [("block_table", "oracle"), ("on_demand", "max")]
     sweep = sweep_block_size(default_trace(), variants, capacity=DEFAULTS["capacity"],
                              max_model_len=DEFAULTS["max_model_len"])

@@ -12,11 +12,10 @@ the scenarios, titles and file names, and prints the numbers the chapter quotes.
                           every block's reference count at every step.
     beam_cow_moment.png   one step of that search, as the engine sees it before the forward pass:
                           tables, reference counts, and the copies about to be made.
-    memory_saved.png      the same runs as ``python -m minipaged.simulator --sharing``.
 
-The real-model memory per step (beam_blocks.png) comes from
-``python -m minipaged.bench.sharing --plot-dir chapters/05_copy-on-write`` (about a minute and a half).
-Takes about two and a half minutes on two cores (most of it the sharing simulation).
+memory_saved.png comes from ``python -m minipaged simulate --sharing --plot-dir chapters/05_copy-on-write``
+and the real-model memory per step (beam_blocks.png) from
+``python -m minipaged bench sharing --plot-dir chapters/05_copy-on-write`` (about a minute and a half).
 """
 
 from __future__ import annotations
@@ -26,11 +25,8 @@ import os
 from minipaged import LLM
 from minipaged.kv import SharedPolicy
 from minipaged.metrics import find
-from minipaged.plots import plot_block_sharing, plot_memory_saved, plot_refcount_map
+from minipaged.plots import plot_block_sharing, plot_refcount_map
 from minipaged.sampling_params import BeamSearchParams
-from minipaged.simulator.cli import DEFAULTS
-from minipaged.simulator.sharing import PAPER_ALPACA_SAVED
-from minipaged.simulator.sharing_report import DEFAULT_REQUESTS, DEFAULT_SIZES, format_sharing_table, run_sharing_table
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, "chapters", "05_copy-on-write")
@@ -106,17 +102,7 @@ def beam_figures() -> None:
                        path=os.path.join(OUT, "beam_cow_moment.png"))
 
 
-def memory_saved() -> None:
-    rows = run_sharing_table(["alpaca", "sharegpt"], DEFAULT_SIZES, DEFAULT_SIZES, num_requests=DEFAULT_REQUESTS,
-                             capacity=DEFAULTS["capacity"],
-                             block_size=DEFAULTS["block_size"], max_model_len=DEFAULTS["max_model_len"],
-                             arrival_rate=DEFAULTS["arrival_rate"], seed=DEFAULTS["seed"])
-    print(format_sharing_table(rows))
-    plot_memory_saved(rows, path=os.path.join(OUT, "memory_saved.png"), paper=PAPER_ALPACA_SAVED)
-
-
 if __name__ == "__main__":
     os.makedirs(OUT, exist_ok=True)
     by_hand()
     beam_figures()
-    memory_saved()

@@ -160,10 +160,10 @@ def build_parser() -> argparse.ArgumentParser:
         b = bench_sub.add_parser(name, help=text, description=module.__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
         module.add_arguments(b)
-        records.add_argument(b, f"{chapter}/bench_{name}")
+        records.add_argument(b, serving.record_default if module is serving else f"{chapter}/bench_{name}")
         b.set_defaults(func=module.main)
     serving.add_arguments(bench)  # `python -m minipaged bench` alone runs the serving benchmark
-    records.add_argument(bench, "06/bench_serving")
+    records.add_argument(bench, serving.record_default)
     bench.set_defaults(func=serving.main)
 
     try:

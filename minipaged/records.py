@@ -6,6 +6,7 @@ every figure a chapter quotes can be traced to one run and re-rendered from it.
     python -m minipaged.records render                                rewrites the chapters from them
     python -m minipaged.records render --check                        exit 1 if a chapter disagrees
     python -m minipaged.records list                                  every record and where it is quoted
+    python -m minipaged.records measure [--chapter NN] [--only NAME]  run every record's command again
 
 A record is ``chapters/NN_slug/results/NAME.json``. It holds the command line (without ``--record``),
 the git commit of the code it measured, the date, the machine (CPU model, cores, torch and Python
@@ -39,6 +40,7 @@ import json
 import os
 import platform
 import re
+import shlex
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -305,6 +307,40 @@ def list_records() -> int:
     return 0
 
 
+def measure(chapter: str | None = None, only: list[str] | None = None, dry_run: bool = False) -> int:
+    """Run the command of every record again, one after the other, each writing its record anew: the way
+    to re-measure a chapter (or the course) at one commit. Refuses uncommitted changes to minipaged/,
+    since the records would say they measured a commit they did not. Run it alone on the machine: a
+    second process on the cores slows every timing in it."""
+    todo = []
+    for folder in chapters():
+        if chapter is not None and not folder.name.startswith(f"{int(chapter):02d}_"):
+            continue
+        for path in sorted((folder / "results").glob("*.json")):
+            if only and path.stem not in only:
+                continue
+            todo.append((folder.name[:2], path.stem, json.loads(path.read_text())["command"]))
+    if not todo:
+        raise ValueError(f"no record matches --chapter {chapter} --only {only}; `list` shows them all")
+    if not dry_run and git_commit()["dirty"]:
+        raise ValueError("minipaged/ has uncommitted changes: commit them first, so that the records name "
+                         "the code they measured")
+    failed = []
+    for number, name, command in todo:
+        argv = shlex.split(command)[3:]  # the words after "python -m minipaged"
+        print(f"[{number}/{name}] {command}", flush=True)
+        if dry_run:
+            continue
+        done = subprocess.run([sys.executable, "-m", "minipaged", *argv, "--record", f"{number}/{name}"],
+                              cwd=ROOT, stdout=subprocess.DEVNULL)
+        if done.returncode:
+            failed.append(f"{number}/{name} (exit code {done.returncode})")
+    if failed:
+        print("these commands failed, and their records were not rewritten:\n  " + "\n  ".join(failed))
+        return 1
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m minipaged.records", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -312,8 +348,14 @@ def main(argv=None) -> int:
     r = sub.add_parser("render", help="write every chapter's record blocks and figures from its records")
     r.add_argument("--check", action="store_true", help="change nothing; exit 1 if a chapter is out of date")
     sub.add_parser("list", help="every record, its commit, and whether a chapter quotes it")
+    m = sub.add_parser("measure", help="run every record's command again at this commit (alone on the machine)")
+    m.add_argument("--chapter", default=None, help="only this chapter's records (a number, e.g. 06)")
+    m.add_argument("--only", nargs="+", default=None, metavar="NAME", help="only the records of these names")
+    m.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     args = parser.parse_args(argv)
     try:
+        if args.cmd == "measure":
+            return measure(args.chapter, args.only, args.dry_run)
         return render(args.check) if args.cmd == "render" else list_records()
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -143,3 +143,22 @@ def test_a_bare_record_goes_to_the_chapter_of_the_mode():
     assert records.record_path("x", "6").parent.parent.name == "06_continuous-batching"
     with pytest.raises(ValueError, match="no chapter"):
         records.record_path("x", "42")
+
+
+def test_measure_reruns_each_record_under_its_own_name(capsys, monkeypatch):
+    """`measure` runs every record's own command again with --record NN/NAME, so the record is replaced
+    in place; it refuses to measure uncommitted code."""
+    assert records.main(["measure", "--chapter", "4", "--dry-run"]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    names = sorted(p.stem for p in (records.CHAPTERS / "04_on-demand-allocation" / "results").glob("*.json"))
+    assert [line.split("]")[0] for line in printed] == [f"[04/{n}" for n in names]
+    assert all(line.split("] ")[1].startswith("python -m minipaged ") for line in printed)
+    ran = []
+    monkeypatch.setattr(records, "git_commit", lambda: {"commit": "abc", "dirty": False})
+    done = type("Done", (), {"returncode": 0})
+    monkeypatch.setattr(records.subprocess, "run", lambda cmd, **kw: ran.append(cmd) or done)
+    assert records.main(["measure", "--chapter", "04", "--only", "simulate"]) == 0
+    assert len(ran) == 1 and ran[0][1:] == ["-m", "minipaged", "simulate", "--record", "04/simulate"]
+    monkeypatch.setattr(records, "git_commit", lambda: {"commit": "abc", "dirty": True})
+    assert records.main(["measure", "--chapter", "04"]) == 2
+    assert "uncommitted changes" in capsys.readouterr().err

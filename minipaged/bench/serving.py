@@ -29,7 +29,15 @@ the engine's bookkeeping (step time outside the model's forward pass) at a full 
 recompute vs swap on the same trace with a pool small enough to force preemptions.
 
 With --plot-dir it draws serving_timeline.png: running batch and KV memory held over time, static vs
-continuous. Not measured here: arrivals over time (everything waits at t=0), sampling.
+continuous.
+
+    python -m minipaged bench serving --capacities 1024,1536,2048,3072,4096 [--orca none] [--skip-hf]
+
+runs the engine's systems (static, the Orca systems asked for, continuous + paged) at each KV capacity
+instead, without HF and the pressure runs, and prints what paging buys as memory grows; with
+--plot-dir it draws capacity_sweep.png.
+
+Not measured here: arrivals over time (everything waits at t=0), sampling.
 """
 
 from __future__ import annotations
@@ -202,6 +210,39 @@ def run(model="smollm2-135m", requests=64, scale=0.1, kv_capacity=1536, max_mode
     return result
 
 
+def run_capacities(capacities, model="smollm2-135m", orca=(), progress=False, **options) -> dict:
+    """The engine's systems on the same trace at each KV capacity (no HF, no pressure runs): how the gain
+    from paging changes with the memory there is."""
+    from tqdm.auto import tqdm
+
+    rows = []
+    for capacity in tqdm(capacities, desc="KV capacities", unit="capacity", disable=not progress):
+        r = run(model, kv_capacity=capacity, skip_hf=True, skip_pressure=True, orca=orca, **options)
+        static, continuous = r["systems"]
+        rows.append({"kv_capacity_tokens": capacity, "identical_outputs": r["identical_outputs"],
+                     "ratios": r["ratios"],
+                     "systems": [{k: s[k] for k in ("system", "requests_per_s", "output_tokens_per_s",
+                                                     "mean_batch", "preemptions")}
+                                 for s in [static, *r["orca"], continuous]]})
+    return {"model": model, "capacities": list(capacities), "rows": rows,
+            "identical_outputs": all(row["identical_outputs"] for row in rows)}
+
+
+def format_capacities(r: dict) -> str:
+    names = [s["system"] for s in r["rows"][0]["systems"]]
+    lines = [f"{r['model']}: the same trace at {len(r['rows'])} KV capacities (req/s, mean running batch "
+             f"in brackets, preemptions after a slash)"]
+    head = f"{'capacity':>9}" + "".join(f"{n.split(':')[0]:>26}" for n in names) + f"{'paged/static':>14}"
+    lines += [head, "-" * len(head)]
+    for row in r["rows"]:
+        cells = "".join(f"{s['requests_per_s']:>12.2f} ({s['mean_batch']:>4.1f}) /{s['preemptions']:>4}"
+                        for s in row["systems"])
+        lines.append(f"{row['kv_capacity_tokens']:>9}{cells}"
+                     f"{row['ratios']['continuous_vs_static_requests_per_s']:>13.2f}x")
+    lines.append(f"identical greedy outputs across every system and capacity: {r['identical_outputs']}")
+    return "\n".join(lines)
+
+
 def _ms(x):
     return "    -" if x is None else f"{1000 * x:7.0f}"
 
@@ -290,7 +331,14 @@ def add_arguments(p):
     p.add_argument("--skip-hf", action="store_true", help="do not run HF Transformers")
     p.add_argument("--plot-dir", default=None, help="also save serving_timeline.png there")
     p.add_argument("--seed", type=int, default=0, help="trace seed (default: 0)")
+    p.add_argument("--capacities", default=None,
+                   help="comma-separated KV capacities: run the engine's systems at each instead (no HF, no "
+                        "pressure runs) and, with --plot-dir, draw capacity_sweep.png")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+
+
+def record_default(args) -> str:
+    return "06/bench_serving_capacities" if getattr(args, "capacities", None) else "06/bench_serving"
 
 
 def _without_outputs(system: dict) -> dict:
@@ -304,6 +352,25 @@ def main(args) -> int:
     orca = () if args.orca == "none" else tuple(x.strip() for x in args.orca.split(",") if x.strip())
     if any(rule not in ("max", "pow2", "oracle") for rule in orca):
         raise ValueError(f"--orca={args.orca!r}: list reservation rules among max, pow2, oracle, or say 'none'")
+    if args.capacities is not None:
+        try:
+            capacities = [int(x) for x in args.capacities.split(",") if x.strip()]
+        except ValueError:
+            capacities = []
+        if not capacities or min(capacities) < args.max_model_len:
+            raise ValueError(f"--capacities={args.capacities!r} must list KV capacities (token slots) of at least "
+                             f"--max-model-len ({args.max_model_len}), e.g. 1024,2048,4096")
+        r = run_capacities(capacities, args.model, orca=orca, progress=not args.json, requests=args.requests,
+                           scale=args.scale, max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
+                           seed=args.seed, attention=args.attention)
+        records.publish(r)
+        if args.plot_dir:
+            from minipaged.plots import plot_capacity_sweep
+
+            os.makedirs(args.plot_dir, exist_ok=True)
+            plot_capacity_sweep(r, path=os.path.join(args.plot_dir, "capacity_sweep.png"))
+        print(json.dumps(r, indent=2) if args.json else format_capacities(r))
+        return 0 if r["identical_outputs"] else 1
     r = run(args.model, args.requests, args.scale, args.kv_capacity, args.max_model_len, args.max_num_seqs,
             hf_batch_sizes=sizes, pressure_capacity=args.pressure_capacity, seed=args.seed,
             progress=not args.json, skip_hf=args.skip_hf, plot_dir=args.plot_dir, attention=args.attention,

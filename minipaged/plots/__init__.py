@@ -8,6 +8,7 @@
     plot_blocks_over_time(p, l)      blocks in use per step with and without sharing (chapter 05)
     plot_refcount_map(snapshots)     every block's reference count, step by step (chapter 05)
     plot_serving_timeline(t)         running batch and KV memory held over time, per system (chapter 06)
+    plot_capacity_sweep(result)      requests/s per system against the KV capacity (chapter 06)
     plot_prefix_sweep(rows, ideal)   prefix-cache hit rate and compute saved against KV capacity (chapter 07)
     plot_turns(turns)                prompt tokens computed and TTFT per turn of a conversation (chapter 07)
     plot_step_tokens(rows, budget)   decode and prompt tokens per step, whole vs chunked (chapter 08)
@@ -23,7 +24,7 @@ when given ``path``.
 from minipaged.plots.chunked import plot_budget_sweep, plot_itl_cdf, plot_step_cost, plot_step_tokens
 from minipaged.plots.memory_map import plot_memory_map
 from minipaged.plots.prefix import plot_prefix_sweep, plot_turns
-from minipaged.plots.serving import plot_serving_timeline
+from minipaged.plots.serving import plot_capacity_sweep, plot_serving_timeline
 from minipaged.plots.sharing import (
     plot_block_sharing,
     plot_blocks_over_time,
@@ -36,5 +37,5 @@ from minipaged.plots.waste import plot_waste_breakdown
 
 __all__ = ["plot_memory_map", "plot_waste_breakdown", "plot_block_size_sweep", "plot_block_sharing",
            "plot_memory_saved", "plot_blocks_over_time", "plot_refcount_map", "plot_serving_timeline",
-           "plot_prefix_sweep", "plot_turns", "plot_step_tokens", "plot_budget_sweep", "plot_itl_cdf",
-           "plot_step_cost", "plot_spec_speedup"]
+           "plot_capacity_sweep", "plot_prefix_sweep", "plot_turns", "plot_step_tokens", "plot_budget_sweep",
+           "plot_itl_cdf", "plot_step_cost", "plot_spec_speedup"]

@@ -5,8 +5,8 @@
                                              reference count and how full it is, each table's entries
                                              pointing at them, pending copy-on-write copies as arrows
     plot_memory_saved(rows)                  saved fraction per (mode, n) and trace, from
-                                             ``python -m minipaged.simulator --sharing --json``, with the
-                                             vLLM paper's Alpaca ranges drawn as quoted bands
+                                             ``python -m minipaged.simulator --sharing --json``, each bar
+                                             beside the vLLM paper's quoted range for its trace
     plot_blocks_over_time(physical, logical) blocks in use per step with sharing and without
     plot_refcount_map(snapshots)             a memory map over time: each block's reference count at
                                              each step (white free, green 1, purple shades 2 and up)
@@ -109,8 +109,9 @@ def plot_block_sharing(snapshots: list[dict], titles: list[str] | None = None, p
 
 def plot_memory_saved(rows: list[dict], path: str | None = None, title: str | None = None, paper=None):
     """rows: dicts with workload, mode ("parallel"/"beam"), n and saved (0..1), e.g. the "sharing"
-    list of ``--sharing --json``. paper: {mode: (low, high)} drawn as quoted bands, e.g. the vLLM
-    paper's Alpaca ranges (simulator.sharing.PAPER_ALPACA_SAVED); None draws none."""
+    list of ``--sharing --json``. paper: {workload: {mode: (low, high)}}, e.g. the vLLM paper's ranges
+    (simulator.sharing.PAPER_SAVED): each bar gets its own trace's range drawn over it as a hatched box,
+    so a bar is only ever compared with the paper's figure for the same trace. None draws none."""
     from matplotlib.figure import Figure
     from matplotlib.patches import Patch
 
@@ -121,18 +122,17 @@ def plot_memory_saved(rows: list[dict], path: str | None = None, title: str | No
     ax = fig.add_subplot()
     bar = 0.8 / max(len(workloads), 1)
     colors = ["#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd"]
-    for mode in ("parallel", "beam"):
-        xs = [i for i, g in enumerate(groups) if g[0] == mode]
-        if mode in paper and xs:
-            low, high = paper[mode]
-            ax.fill_between([min(xs) - 0.45, max(xs) + 0.45], 100 * low, 100 * high, color="#999999", alpha=0.25,
-                            lw=0)
     for k, workload in enumerate(workloads):
         values = {(r["mode"], r["n"]): r["saved"] for r in rows if r["workload"] == workload}
         xs = [i - 0.4 + bar * (k + 0.5) for i in range(len(groups))]
         heights = [100 * values.get(g, 0.0) for g in groups]
         ax.bar(xs, heights, width=bar, color=colors[k % len(colors)], label=f"{workload}-like trace (simulated)")
-        for x, h in zip(xs, heights):
+        for x, h, (mode, _) in zip(xs, heights, groups):
+            ranges = paper.get(workload, {})
+            if mode in ranges:  # the paper's range for this trace and mode, over this bar
+                low, high = (100 * v for v in ranges[mode])
+                ax.bar(x, high - low, bottom=low, width=bar * 0.9, fill=False, hatch="///",
+                       edgecolor="#555555", lw=0.6)
             ax.text(x, h + 0.8, f"{h:.1f}", ha="center", va="bottom", fontsize=7)
     names = {"parallel": "n", "beam": "width"}
     ax.set_xticks(range(len(groups)), [f"{'sampling' if m == 'parallel' else 'beam'}\n{names[m]}={n}"
@@ -141,7 +141,9 @@ def plot_memory_saved(rows: list[dict], path: str | None = None, title: str | No
     ax.set_ylim(0, 100)
     ax.grid(axis="y", alpha=0.3)
     handles, _ = ax.get_legend_handles_labels()
-    handles.append(Patch(color="#999999", alpha=0.35, label="vLLM paper, Alpaca, OPT-13B (quoted range)"))
+    if paper:
+        handles.append(Patch(fill=False, hatch="///", edgecolor="#555555",
+                             label="vLLM paper, same trace, OPT-13B (quoted range, n or width 2-6)"))
     ax.legend(handles=handles, fontsize=8, loc="upper left")
     ax.set_title(title or "memory saved by copy-on-write sharing")
     return save(fig, path)

@@ -61,8 +61,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--block-size", type=int, default=d["block_size"],
                         help="tokens per KV block for the block policies (the contiguous arena always "
                              "uses 1); default %(default)s")
-    parser.add_argument("--capacity", type=int, default=d["capacity"],
-                        help="KV cache size in token slots, the same for every policy; default %(default)s")
+    parser.add_argument("--capacity", type=int, default=None,
+                        help=f"KV cache size in token slots, the same for every policy; default {d['capacity']} "
+                             f"(with --chunked: 65536)")
     parser.add_argument("--num-requests", type=int, default=None,
                         help=f"requests in the trace; default {d['num_requests']} (with --sharing: 300)")
     parser.add_argument("--arrival-rate", type=float, default=d["arrival_rate"],
@@ -117,7 +118,7 @@ def _percent(x: float) -> str:
 
 def format_table(results) -> str:
     header = (f"{'policy':<22}{'util':>7}{'tokens':>8}{'reserv':>8}{'intern':>8}{'extern':>8}{'free':>8}"
-              f"{'max_conc':>9}{'refused':>8}{'preempt':>8}{'steps':>8}{'frag_blk':>9}")
+              f"{'max_conc':>9}{'refused':>8}{'preempt':>8}{'steps':>8}{'frag_blk':>9}{'unused/seq':>11}{'max':>8}")
     lines = [header, "-" * len(header)]
     for r in results:
         u = r.mean_usage
@@ -125,7 +126,8 @@ def format_table(results) -> str:
         lines.append(f"{r.policy:<22}{util:>7}{_percent(u['tokens']):>8}"
                      f"{_percent(u['reserved']):>8}{_percent(u['internal']):>8}{_percent(u['external']):>8}"
                      f"{_percent(u['free']):>8}{r.max_concurrent:>9}{len(r.refused):>8}{r.preemptions:>8}"
-                     f"{r.steps:>8}{r.fragmentation_blocked_steps:>9}")
+                     f"{r.steps:>8}{r.fragmentation_blocked_steps:>9}{r.unused_per_seq:>11.2f}"
+                     f"{r.unused_per_seq_max:>8.2f}")
     return "\n".join(lines)
 
 
@@ -134,10 +136,16 @@ util      tokens / occupied slots, time-averaged over loaded steps (a request wa
           * = never loaded, averaged over the busy steps instead
 tokens .. free   share of the pool in each state over the same steps (definitions: minipaged/kv/base.py)
 max_conc  most requests running at once; preempt: sequences evicted for lack of a free block
-frag_blk  loaded steps where the queue head was refused although all free slots together held it"""
+frag_blk  loaded steps where the queue head was refused although all free slots together held it
+unused/seq  slots held without a token (reserved + internal) per running sequence: mean over the steps
+          with one running; max: the worst step"""
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.capacity is None:
+        from minipaged.simulator.chunked import DEFAULTS as CHUNKED
+
+        args.capacity = CHUNKED["capacity"] if getattr(args, "chunked", False) else DEFAULTS["capacity"]
     for field in ("capacity", "num_requests", "block_size", "max_model_len"):
         if getattr(args, field) is not None and getattr(args, field) < 1:
             raise SystemExit(f"--{field.replace('_', '-')} must be >= 1, got {getattr(args, field)}")
@@ -264,6 +272,16 @@ def run_serving(args: argparse.Namespace) -> int:
               "max_num_seqs": SERVING_MAX_NUM_SEQS,
               "seed": args.seed}
     records.emit({"config": config, "workload": describe(requests), "systems": rows}, args.json)
+    if args.plot_dir:  # three of the five systems, step by step
+        from minipaged.plots import plot_serving_timeline
+
+        os.makedirs(args.plot_dir, exist_ok=True)
+        shown = [SERVING_SYSTEMS[key][0] for key in ("static", "orca_oracle", "paged")]
+        plot_serving_timeline({k: {"time": list(range(1, runs[k].steps + 1)), "batch": runs[k].batch_sizes,
+                                   "kv_held": runs[k].kv_held} for k in shown}, args.capacity,
+                              x_label="step (forward pass)", path=os.path.join(args.plot_dir, "steps_timeline.png"),
+                              title=f"{args.workload}-like trace, {len(requests)} requests, {args.capacity} slots "
+                                    f"(simulated, no model)")
     if not args.json:
         stats = describe(requests)
         print(f"{args.workload}-like trace: {stats['num_requests']} requests at once, mean input "
@@ -293,16 +311,23 @@ def run_chunked(args: argparse.Namespace) -> int:
         raise SystemExit(f"--step-overhead must be a finite number >= 0, got {overhead}")
     requests = chunked.make_chunked_workload(args.num_requests or d["num_requests"], d["long_every"], d["long_len"],
                                              d["short_len"], d["output_len"], seed=args.seed)
+    longest = max(r.prompt_len + r.max_tokens for r in requests)
+    need = -(-longest // args.block_size) * args.block_size
+    if args.capacity < need:
+        raise SystemExit(f"--capacity {args.capacity} cannot hold the trace's longest request ({longest} tokens with "
+                         f"its output); give at least {need} slots")
     rows = chunked.simulate_chunked(requests, budgets, step_overhead=overhead, max_num_seqs=d["max_num_seqs"],
-                                    capacity=d["capacity"], block_size=d["block_size"],
+                                    capacity=args.capacity, block_size=args.block_size,
                                     max_model_len=d["max_model_len"], progress=not args.json)
     records.emit({"config": {**d, "num_requests": len(requests), "seed": args.seed, "budgets": budgets,
-                             "step_overhead": overhead}, "rows": rows}, args.json)
+                             "step_overhead": overhead, "capacity": args.capacity, "block_size": args.block_size},
+                  "rows": rows}, args.json)
     if not args.json:
         num_long = sum(1 for r in requests if r.prompt_len >= d["long_len"][0])
         print(f"{len(requests)} requests arriving at once: {num_long} documents of {d['long_len'][0]}-"
               f"{d['long_len'][1]} tokens among chat prompts of {d['short_len'][0]}-{d['short_len'][1]}; "
-              f"outputs {d['output_len'][0]}-{d['output_len'][1]} tokens; max_num_seqs {d['max_num_seqs']}\n")
+              f"outputs {d['output_len'][0]}-{d['output_len'][1]} tokens; max_num_seqs {d['max_num_seqs']}; "
+              f"capacity {args.capacity} slots, block size {args.block_size}\n")
         print(chunked.format_rows(rows, overhead))
     if args.plot_dir:
         from minipaged.plots import plot_budget_sweep, plot_step_tokens

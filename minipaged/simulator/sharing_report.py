@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 
 from minipaged import records
-from minipaged.simulator.sharing import PAPER_ALPACA_SAVED, simulate_sharing
+from minipaged.simulator.sharing import PAPER_SAVED, simulate_sharing
 from minipaged.simulator.workloads import WORKLOADS, describe, make_workload
 
 DEFAULT_REQUESTS = 300
@@ -51,10 +51,13 @@ def format_sharing_table(rows: list[dict]) -> str:
 
 
 def paper_note() -> str:
-    p, b = PAPER_ALPACA_SAVED["parallel"], PAPER_ALPACA_SAVED["beam"]
-    return (f"quoted, not measured here: the vLLM paper (SOSP'23, sec. 6.3; Alpaca trace, OPT-13B) reports "
-            f"{100 * p[0]:.1f}-{100 * p[1]:.1f}% saved by parallel sampling and {100 * b[0]:.1f}-{100 * b[1]:.1f}% "
-            f"by beam search, over n / width 2..6")
+    def span(low_high):
+        return f"{100 * low_high[0]:.1f}-{100 * low_high[1]:.1f}%"
+
+    parts = [f"{trace}: {span(ranges['parallel'])} by parallel sampling, {span(ranges['beam'])} by beam search"
+             for trace, ranges in PAPER_SAVED.items()]
+    return ("quoted, not measured here: the vLLM paper (SOSP'23, sec. 6.3; OPT-13B) reports the memory saved over "
+            "n / width 2..6 on each trace:\n  " + "\n  ".join(parts))
 
 
 LEGEND = """\
@@ -76,7 +79,7 @@ def run_sharing(args) -> int:
     traces = {w: describe(make_workload(w, num_requests, arrival_rate=args.arrival_rate,
                                         max_model_len=args.max_model_len, seed=args.seed)) for w in workloads}
     records.emit({"config": {**options, "workloads": workloads}, "workload": traces, "sharing": rows,
-                  "paper_alpaca_saved": PAPER_ALPACA_SAVED}, args.json)
+                  "paper_saved": PAPER_SAVED}, args.json)
     if not args.json:
         print(f"memory saved by sharing KV blocks: policy 'shared', {num_requests} requests per trace, capacity "
               f"{args.capacity} slots, block size {args.block_size}, max_model_len {args.max_model_len}, "
@@ -88,6 +91,6 @@ def run_sharing(args) -> int:
 
         os.makedirs(args.plot_dir, exist_ok=True)
         path = os.path.join(args.plot_dir, "memory_saved.png")
-        plot_memory_saved(rows, path=path, paper=PAPER_ALPACA_SAVED)
+        plot_memory_saved(rows, path=path, paper=PAPER_SAVED)
         print(f"\nsaved {path}")
     return 0

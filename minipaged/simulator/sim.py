@@ -27,6 +27,8 @@ Measures (``SimulationResult``):
     refused           requests that can never fit, with the policy's reason.
     fragmentation_blocked_steps  loaded steps where the head could not be admitted although all
                       free memory together would hold it (external fragmentation > 0).
+    unused_per_seq    slots a running sequence holds but has no token in (reserved + internal), per
+                      running sequence: the mean over every step with one running, and the worst step.
 
 Why this loop is not the engine core's (core.py, which the later simulators run with a synthetic
 runner): chapters 01-04 compare memory layouts, not schedulers. Here every policy, the reserving
@@ -97,6 +99,8 @@ class SimulationResult:
     utilization: float = 0.0
     utilization_basis: str = "loaded"
     peak_utilization: float = 0.0
+    unused_per_seq: float = 0.0
+    unused_per_seq_max: float = 0.0
     mean_usage: dict = field(default_factory=dict)
     history: list[StepRecord] | None = None  # with record_history=True
     timeline: Timeline | None = None
@@ -110,6 +114,7 @@ class SimulationResult:
             "refused": len(self.refused), "finished": self.finished, "preemptions": self.preemptions,
             "steps": self.steps, "loaded_steps": self.loaded_steps,
             "fragmentation_blocked_steps": self.fragmentation_blocked_steps,
+            "unused_per_seq": round(self.unused_per_seq, 2), "unused_per_seq_max": round(self.unused_per_seq_max, 2),
             "mean_usage": {k: round(v, 4) for k, v in self.mean_usage.items()},
         }
 
@@ -182,6 +187,7 @@ def simulate(policy: KVPolicy, requests: list[Request], *, record_history: bool 
     running: list[_Live] = []
     sums = dict.fromkeys(USAGE_TERMS, 0.0)
     busy_sums, busy_util, loaded_util, busy_steps = dict.fromkeys(USAGE_TERMS, 0.0), 0.0, 0.0, 0
+    unused_sum, unused_steps = 0.0, 0
     step = 0
     while arrivals or waiting or running:
         if step >= max_steps:
@@ -229,6 +235,10 @@ def simulate(policy: KVPolicy, requests: list[Request], *, record_history: bool 
                 and step % timeline_every == 0):
             _snapshot(policy, running, usage, result.timeline, step)
         result.peak_utilization = max(result.peak_utilization, usage.utilization)
+        if usage.num_seqs:
+            unused = (usage.reserved + usage.internal) / usage.num_seqs
+            unused_sum, unused_steps = unused_sum + unused, unused_steps + 1
+            result.unused_per_seq_max = max(result.unused_per_seq_max, unused)
         if usage.occupied:
             busy_steps += 1
             busy_util += usage.utilization
@@ -252,6 +262,7 @@ def simulate(policy: KVPolicy, requests: list[Request], *, record_history: bool 
         step += 1
 
     result.steps = step
+    result.unused_per_seq = unused_sum / unused_steps if unused_steps else 0.0
     if result.loaded_steps:
         count, util = result.loaded_steps, loaded_util
     else:

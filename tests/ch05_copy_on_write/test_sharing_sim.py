@@ -7,7 +7,7 @@ import pytest
 from minipaged.kv import SharedPolicy, make_policy
 from minipaged.simulator import Request, make_workload, simulate
 from minipaged.simulator.cli import main
-from minipaged.simulator.sharing import PAPER_ALPACA_SAVED, simulate_beam, simulate_parallel, simulate_sharing
+from minipaged.simulator.sharing import PAPER_SAVED, simulate_beam, simulate_parallel, simulate_sharing
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +75,7 @@ def test_the_sharing_command(capsys, tmp_path):
     assert [(r["workload"], r["mode"], r["n"]) for r in out["sharing"]] == [("alpaca", "parallel", 2),
                                                                              ("alpaca", "beam", 2)]
     assert all(0 < r["saved"] < 1 for r in out["sharing"]) and out["config"]["num_requests"] == 40
-    assert out["paper_alpaca_saved"] == {k: list(v) for k, v in PAPER_ALPACA_SAVED.items()}
+    assert out["paper_saved"] == {w: {k: list(v) for k, v in r.items()} for w, r in PAPER_SAVED.items()}
     assert main(["--sharing", "--num-requests", "20", "--samples", "2", "--beam-widths", "2",
                  "--plot-dir", str(tmp_path)]) == 0
     text = capsys.readouterr().out
@@ -101,6 +101,13 @@ def test_figures(tmp_path):
     rows = [{"workload": "alpaca", "mode": m, "n": n, "saved": 0.1 * n} for m in ("parallel", "beam") for n in (2, 4)]
     plot_memory_saved(rows, path=tmp_path / "m.png")
     assert (tmp_path / "t.png").exists() and (tmp_path / "m.png").exists()
+    rows += [{**r, "workload": "sharegpt"} for r in rows]
+    fig = plot_memory_saved(rows, paper=PAPER_SAVED)
+    ranges = [(p.get_y(), p.get_y() + p.get_height()) for p in fig.axes[0].patches if p.get_hatch()]
+    # one hatched range per bar, each the paper's range for that bar's own trace
+    assert len(ranges) == 8
+    assert ranges.count(pytest.approx((6.1, 9.8))) == 2 and ranges.count(pytest.approx((16.2, 30.5))) == 2
+    assert ranges.count(pytest.approx((37.6, 55.2))) == 2 and ranges.count(pytest.approx((44.3, 66.3))) == 2
     with pytest.raises(ValueError, match="snapshots"):
         plot_block_sharing([])
     with pytest.raises(ValueError, match="same length"):

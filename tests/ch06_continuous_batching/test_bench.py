@@ -95,3 +95,25 @@ def test_simulate_serving_separates_scheduling_from_paging(capsys):
     assert all(rows[key]["preemptions"] == 0 for key, (*_, policy, _) in cli.SERVING_SYSTEMS.items()
                if policy == "contiguous")
     assert rows["static"]["static_steps_over_steps"] == 1.0 and rows["paged"]["label"] == "continuous + paged"
+
+
+def test_the_capacity_sweep_runs_every_system_at_each_capacity(tmp_path, capsys, monkeypatch):
+    """`bench serving --capacities` reruns the engine's systems at each KV capacity, records to its own
+    name, and draws capacity_sweep.png; a capacity below max_model_len is refused before any work."""
+    from minipaged import records
+    from minipaged.cli import main
+
+    monkeypatch.setattr(records, "chapter_dir", lambda number: tmp_path / number)
+    base = ["bench", "serving", "--model", "tiny", "--requests", "8", "--scale", "0.5", "--max-model-len", "128",
+            "--max-num-seqs", "4", "--orca", "oracle"]
+    assert main(base + ["--capacities", "256,1024", "--plot-dir", str(tmp_path), "--record"]) == 0
+    printed = capsys.readouterr().out
+    r = json.loads((tmp_path / "06" / "results" / "bench_serving_capacities.json").read_text())["results"]
+    assert [row["kv_capacity_tokens"] for row in r["rows"]] == [256, 1024] and r["identical_outputs"]
+    names = [s["system"].split(":")[0] for s in r["rows"][0]["systems"]]
+    assert names == ["static + contiguous", "Orca (oracle)", "continuous + paged"]
+    small, large = r["rows"]
+    assert small["systems"][0]["mean_batch"] <= large["systems"][0]["mean_batch"]  # 2 slabs, then 8
+    assert "paged/static" in printed and (tmp_path / "capacity_sweep.png").stat().st_size > 10_000
+    assert main(base + ["--capacities", "64"]) == 2
+    assert "--capacities='64' must list KV capacities" in capsys.readouterr().err

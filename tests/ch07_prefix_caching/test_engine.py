@@ -212,3 +212,19 @@ def test_smollm2_answers_the_same_with_a_cached_system_prompt():
     assert [o.outputs[0].token_ids for o in outs[True]] == [o.outputs[0].token_ids for o in outs[False]]
     assert outs[True][0].num_cached_tokens == 0
     assert all(o.num_cached_tokens >= 64 for o in outs[True][1:]), [o.num_cached_tokens for o in outs[True]]
+
+
+def test_a_fully_cached_block_aligned_prompt_still_gets_its_own_first_token():
+    """Prompts of whole blocks, each seen before, come back in one batch beside each other: every one
+    must recompute its last token and sample from its own logits, so the outputs are the cold ones.
+    A lookup that served a whole prompt from the cache would leave nothing to compute for it, and its
+    first token would be taken from some other row of the step's logits."""
+    aligned = [SYSTEM[:36], SYSTEM[:32] + [3, 1, 4, 1], [9, 2, 6, 5] * 5]  # 9, 9 and 5 blocks of 4
+    plain = make(False)
+    want = tokens(plain.generate(aligned, GREEDY, use_tqdm=False))
+    llm = make(True)
+    one_by_one(llm, aligned)  # warm: every block of every prompt is now cached
+    again = llm.generate(aligned[::-1], GREEDY, use_tqdm=False)  # together, in another order
+    assert tokens(again) == want[::-1]
+    assert [o.num_cached_tokens for o in again] == [len(p) - 4 for p in aligned[::-1]]
+    llm.engine.check_invariants(idle=True)

@@ -68,6 +68,14 @@ def test_simulate_chunked_prints_a_table_json_and_plots(capsys, tmp_path):
     assert main(["simulate", "--chunked", "--num-requests", "24", "--budgets", "256", "64", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert [r["budget"] for r in out["rows"]] == [None, 256, 64] and out["config"]["step_overhead"] == 55
+    assert out["config"]["capacity"] == 65536  # chunked's own default, not the policies' 32768
+    assert main(["simulate", "--chunked", "--num-requests", "24", "--budgets", "64", "--capacity", "4096",
+                 "--json"]) == 0
+    small = json.loads(capsys.readouterr().out)
+    assert small["config"]["capacity"] == 4096
+    assert max(r["steps"] for r in small["rows"]) > max(r["steps"] for r in out["rows"][::2])  # memory binds now
+    with pytest.raises(SystemExit, match="cannot hold the trace's longest request"):
+        main(["simulate", "--chunked", "--num-requests", "24", "--budgets", "64", "--capacity", "64"])
     assert main(["simulate", "--chunked", "--num-requests", "24", "--budgets", "64", "--step-overhead", "0",
                  "--plot-dir", str(tmp_path)]) == 0
     text = capsys.readouterr().out

@@ -24,7 +24,9 @@ In a chapter's text, two kinds of marker tie the words to a record:
   at that path in the record's ``results`` (dots between keys; a list index is a number), written
   with that format spec (Python's ``format``). ``render`` rewrites the number right before the
   comment (digits, signs, ``.``, ``,``, ``%``, ``×``); ``--check`` fails when it differs. The spec may
-  end in ``x`` for a ratio written with ``×`` (``.2fx``: ``3.25×``).
+  end in ``x`` for a ratio written with ``×`` (``.2fx``: ``3.25×``), and start with ``ms:`` for a time
+  in seconds written in milliseconds (``ms:.0f``: 0.4531 is written ``453``). A path whose keys hold
+  spaces is written in double quotes: ``<!-- fig: NAME "systems.whole prefills.itl_p99" ms:.0f -->``.
 
 Not handled: a figure computed from two records (write the inputs, or add the figure to the
 command's results), and records of commands that do not run in this process (the notebooks).
@@ -196,7 +198,7 @@ def _without_record(argv: list[str]) -> list[str]:
 BLOCK = re.compile(r"<!-- record: (?P<name>[A-Za-z0-9_.-]+)(?P<opts>[^>]*?) -->\n(?P<body>.*?)<!-- /record -->",
                    re.S)
 FIG = re.compile(r"(?P<value>[0-9][0-9.,]*[%×]?|[−+-][0-9][0-9.,]*[%×]?)?"
-                 r"<!-- fig: (?P<name>[A-Za-z0-9_.-]+) (?P<path>\S+) (?P<spec>\S+) -->")
+                 r'<!-- fig: (?P<name>[A-Za-z0-9_.-]+) (?P<path>"[^"]+"|\S+) (?P<spec>\S+) -->')
 
 
 def load(chapter: Path, name: str) -> dict:
@@ -210,12 +212,14 @@ def load(chapter: Path, name: str) -> dict:
 
 def lookup(record: dict, path: str):
     value = record["results"]
-    for key in path.split("."):
+    for key in path.strip('"').split("."):
         value = value[int(key)] if isinstance(value, list) else value[key]
     return value
 
 
 def fmt(value, spec: str) -> str:
+    if spec.startswith("ms:"):
+        return fmt(1000 * value, spec[3:])
     if spec.endswith("x"):
         return format(value, spec[:-1]) + "×"
     return format(value, spec)

@@ -13,7 +13,9 @@ import pytest
 from minipaged import records
 
 # Chapters whose measured sections are wholly rendered from records.
-RECORDED = ["01_contiguous-cache", "02_fixed-blocks", "03_block-table"]
+RECORDED = ["00_the-kv-cache", "01_contiguous-cache", "02_fixed-blocks", "03_block-table", "04_on-demand-allocation",
+            "05_copy-on-write", "06_continuous-batching", "07_prefix-caching", "08_chunked-prefill",
+            "09_speculative-decoding"]
 
 NUMBER = re.compile(r"(?<![\w.])[−+-]?\d[\d,]*(?:\.\d+)?\s?(?:%|×)|(?<![\w.])\d+\.\d+(?![\w.])")
 CITED = re.compile(r"<!-- cited: [^>]* -->")
@@ -41,9 +43,11 @@ def test_every_record_is_complete_and_from_committed_code():
 
 def _measured_sections(text: str):
     """(heading, body) of every section whose heading starts with "Measured", up to the next heading
-    of the same or a higher level."""
-    for m in re.finditer(r"^(#{2,3}) (Measured[^\n]*)\n(.*?)(?=^#{2,3} |\Z)", text, re.M | re.S):
-        yield m.group(2), m.group(3)
+    of the same or a higher level (its subsections belong to it)."""
+    for m in re.finditer(r"^(#{2,3}) (Measured[^\n]*)\n", text, re.M):
+        level = len(m.group(1))
+        end = re.compile(r"^#{1,LEVEL} ".replace("LEVEL", str(level)), re.M).search(text, m.end())
+        yield m.group(2), text[m.end():end.start() if end else len(text)]
 
 
 def _unrecorded_numbers(body: str) -> list[str]:
@@ -81,13 +85,15 @@ def _fake(tmp_path, results, stdout="a\nb\nc\n"):
 
 
 def test_a_figure_is_rewritten_from_its_record(tmp_path):
-    chapter = _fake(tmp_path, {"a": {"util": 0.9853}, "rows": [{"x": 3.254}], "n": 12688})
+    chapter = _fake(tmp_path, {"a": {"util": 0.9853}, "rows": [{"x": 3.254}], "n": 12688,
+                               "by name": {"whole run": {"p99": 0.4531}}})
     text = ("util 12.0%<!-- fig: r a.util .1% --> and 1.00×<!-- fig: r rows.0.x .2fx --> "
-            "over 5<!-- fig: r n d --> steps")
+            "over 5<!-- fig: r n d --> steps, p99 1<!-- fig: r \"by name.whole run.p99\" ms:.0f --> ms")
     out = records.render_text(text, chapter)
     assert out.text == ("util 98.5%<!-- fig: r a.util .1% --> and 3.25×<!-- fig: r rows.0.x .2fx --> "
-                        "over 12688<!-- fig: r n d --> steps")
-    assert out.figures == 3 and out.records == {"r"}
+                        "over 12688<!-- fig: r n d --> steps, "
+                        "p99 453<!-- fig: r \"by name.whole run.p99\" ms:.0f --> ms")
+    assert out.figures == 4 and out.records == {"r"}
     assert records.render_text(out.text, chapter).text == out.text  # rendering twice changes nothing
 
 
@@ -107,6 +113,11 @@ def test_a_missing_record_or_path_says_what_to_run(tmp_path):
         records.render_text("<!-- record: nope -->\n<!-- /record -->", chapter)
     with pytest.raises(ValueError, match="'b' is not in record 'r'"):
         records.render_text("1<!-- fig: r b d -->", chapter)
+
+
+def test_a_measured_section_takes_in_its_subsections():
+    text = "## Measured\nintro 1.5%\n### On the model\nsub 2.5%\n## How vLLM does it\nnot 3.5%\n"
+    assert [_unrecorded_numbers(body) for _, body in _measured_sections(text)] == [["1.5%", "2.5%"]]
 
 
 def test_figures_without_a_record_are_found():

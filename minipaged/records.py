@@ -26,7 +26,7 @@ In a chapter's text, two kinds of marker tie the words to a record:
   comment (digits, signs, ``.``, ``,``, ``%``, ``×``); ``--check`` fails when it differs. The spec may
   end in ``x`` for a ratio written with ``×`` (``.2fx``: ``3.25×``), and start with ``ms:`` for a time
   in seconds written in milliseconds (``ms:.0f``: 0.4531 is written ``453``). A path whose keys hold
-  spaces is written in double quotes: ``<!-- fig: NAME "systems.whole prefills.itl_p99" ms:.0f -->``.
+  spaces is written in double quotes: ``<!-- fig: NAME "systems.whole prefills.itl_p99_s" ms:.0f -->``.
 
 Not handled: a figure computed from two records (write the inputs, or add the figure to the
 command's results), and records of commands that do not run in this process (the notebooks).
@@ -271,7 +271,12 @@ def render_text(text: str, chapter: Path) -> Rendered:
             value = lookup(get(m["name"]), m["path"])
         except (KeyError, IndexError, ValueError, TypeError) as e:
             raise ValueError(f"{chapter.name}: figure {m['path']!r} is not in record {m['name']!r} ({e!r})") from None
-        return fmt(value, m["spec"]) + m.group(0)[len(m["value"] or ""):]
+        try:
+            written = fmt(value, m["spec"])
+        except (ValueError, TypeError) as e:
+            raise ValueError(f"{chapter.name}: figure {m['path']!r} of record {m['name']!r} is {value!r}, which "
+                             f"the spec {m['spec']!r} cannot write ({e})") from None
+        return written + m.group(0)[len(m["value"] or ""):]
 
     text = BLOCK.sub(block, text)
     text = FIG.sub(figure, text)
@@ -316,6 +321,9 @@ def measure(chapter: str | None = None, only: list[str] | None = None, dry_run: 
     to re-measure a chapter (or the course) at one commit. Refuses uncommitted changes to minipaged/,
     since the records would say they measured a commit they did not. Run it alone on the machine: a
     second process on the cores slows every timing in it."""
+    numbers = [folder.name[:2] for folder in chapters()]
+    if chapter is not None and (not str(chapter).isdigit() or f"{int(chapter):02d}" not in numbers):
+        raise ValueError(f"--chapter must be one of the chapter numbers {', '.join(numbers)}, got {chapter!r}")
     todo = []
     for folder in chapters():
         if chapter is not None and not folder.name.startswith(f"{int(chapter):02d}_"):
@@ -324,8 +332,12 @@ def measure(chapter: str | None = None, only: list[str] | None = None, dry_run: 
             if only and path.stem not in only:
                 continue
             todo.append((folder.name[:2], path.stem, json.loads(path.read_text())["command"]))
+    unknown = sorted(set(only or ()) - {name for _, name, _ in todo})
+    if unknown:
+        raise ValueError(f"--only: no record named {', '.join(unknown)} (in the chapters chosen); "
+                         f"`python -m minipaged.records list` shows them all")
     if not todo:
-        raise ValueError(f"no record matches --chapter {chapter} --only {only}; `list` shows them all")
+        raise ValueError(f"no record matches --chapter {chapter}; `python -m minipaged.records list` shows them all")
     if not dry_run and git_commit()["dirty"]:
         raise ValueError("minipaged/ has uncommitted changes: commit them first, so that the records name "
                          "the code they measured")

@@ -9,8 +9,9 @@ import pytest
 
 
 def pytest_configure(config):
-    """Under pytest-xdist (``-n 2``) each worker gets one thread: two workers with two OpenMP threads each
-    on a 2-core machine make every small matmul wait for a core (the suite then runs slower, not faster).
+    """Under pytest-xdist (``-n auto``, the default in pyproject.toml) each worker gets one thread: two
+    workers with two OpenMP threads each on a 2-core machine make every small matmul wait for a core
+    (the suite then runs slower, not faster).
     Child processes (servers, notebook kernels) inherit the setting."""
     if os.environ.get("PYTEST_XDIST_WORKER"):
         os.environ["OMP_NUM_THREADS"] = "1"

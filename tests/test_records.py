@@ -170,6 +170,9 @@ def test_measure_reruns_each_record_under_its_own_name(capsys, monkeypatch):
     monkeypatch.setattr(records.subprocess, "run", lambda cmd, **kw: ran.append(cmd) or done)
     assert records.main(["measure", "--chapter", "04", "--only", "simulate"]) == 0
     assert len(ran) == 1 and ran[0][1:] == ["-m", "minipaged", "simulate", "--record", "04/simulate"]
+    assert records.main(["measure", "--chapter", "x"]) == 2 and "--chapter must be one of" in capsys.readouterr().err
+    assert records.main(["measure", "--chapter", "04", "--only", "simulate", "nope"]) == 2
+    assert "--only: no record named nope" in capsys.readouterr().err
     monkeypatch.setattr(records, "git_commit", lambda: {"commit": "abc", "dirty": True})
     assert records.main(["measure", "--chapter", "04"]) == 2
     assert "uncommitted changes" in capsys.readouterr().err

@@ -212,14 +212,17 @@ def run(model="smollm2-135m", requests=64, scale=0.1, kv_capacity=1536, max_mode
 
 def run_capacities(capacities, model="smollm2-135m", orca=(), progress=False, **options) -> dict:
     """The engine's systems on the same trace at each KV capacity (no HF, no pressure runs): how the gain
-    from paging changes with the memory there is."""
+    from paging changes with the memory there is. A row's outputs are identical when every system gave
+    the same greedy tokens as the first capacity's static run."""
     from tqdm.auto import tqdm
 
-    rows = []
+    rows, first = [], None
     for capacity in tqdm(capacities, desc="KV capacities", unit="capacity", disable=not progress):
         r = run(model, kv_capacity=capacity, skip_hf=True, skip_pressure=True, orca=orca, **options)
         static, continuous = r["systems"]
-        rows.append({"kv_capacity_tokens": capacity, "identical_outputs": r["identical_outputs"],
+        first = static["outputs"] if first is None else first
+        same = r["identical_outputs"] and static["outputs"] == first
+        rows.append({"kv_capacity_tokens": capacity, "identical_outputs": same,
                      "ratios": r["ratios"],
                      "systems": [{k: s[k] for k in ("system", "requests_per_s", "output_tokens_per_s",
                                                      "mean_batch", "preemptions")}
@@ -329,11 +332,13 @@ def add_arguments(p):
                    help="reservation rules of the Orca systems (continuous batching over contiguous slabs), "
                         "comma-separated among max, pow2, oracle, or 'none' (default: all three)")
     p.add_argument("--skip-hf", action="store_true", help="do not run HF Transformers")
-    p.add_argument("--plot-dir", default=None, help="also save serving_timeline.png there")
+    p.add_argument("--plot-dir", default=None,
+                   help="also save serving_timeline.png there (with --capacities: capacity_sweep.png)")
     p.add_argument("--seed", type=int, default=0, help="trace seed (default: 0)")
     p.add_argument("--capacities", default=None,
                    help="comma-separated KV capacities: run the engine's systems at each instead (no HF, no "
-                        "pressure runs) and, with --plot-dir, draw capacity_sweep.png")
+                        "pressure runs, so --kv-capacity, --hf-batch-sizes and --pressure-capacity do not "
+                        "apply) and, with --plot-dir, draw capacity_sweep.png")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
 
 

@@ -5,8 +5,8 @@
                                              reference count and how full it is, each table's entries
                                              pointing at them, pending copy-on-write copies as arrows
     plot_memory_saved(rows)                  saved fraction per (mode, n) and trace, from
-                                             ``python -m minipaged.simulator --sharing --json``, each bar
-                                             beside the vLLM paper's quoted range for its trace
+                                             ``python -m minipaged.simulator --sharing --json``, with
+                                             the vLLM paper's quoted range for its trace over each bar
     plot_blocks_over_time(physical, logical) blocks in use per step with sharing and without
     plot_refcount_map(snapshots)             a memory map over time: each block's reference count at
                                              each step (white free, green 1, purple shades 2 and up)

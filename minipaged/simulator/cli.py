@@ -100,7 +100,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --chunked: max_num_batched_tokens values; default 2048 1024 512 256 128 64")
     parser.add_argument("--step-overhead", type=float, default=None,
                         help="with --chunked: what every step costs besides its tokens, in tokens' worth; "
-                             "default 55, what python -m minipaged bench chunked measured on a 2-core CPU")
+                             "default 55, the order of what python -m minipaged bench chunked fits on a 2-core CPU "
+                             "(chapter 08's record: 47)")
     parser.add_argument("--serving", action="store_true",
                         help="chapter 06 instead: the trace through the real engine core without a model "
                              "(minipaged/simulator/serving.py), served by static batching, by Orca's "
@@ -109,7 +110,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              f"(--num-requests defaults to {SERVING_REQUESTS})")
     parser.add_argument("--plot-dir", default=None,
                         help="also save PNG figures there: waste breakdown per policy, a memory map per "
-                             "policy (its first 2000 steps), and the sweep if asked (needs matplotlib)")
+                             "policy (its first 2000 steps), and the sweep if asked; with --serving, "
+                             "steps_timeline.png; with --sharing, --prefix or --chunked, their own figures "
+                             "(needs matplotlib)")
 
 
 def _percent(x: float) -> str:

@@ -28,7 +28,7 @@ Measures (``SimulationResult``):
     fragmentation_blocked_steps  loaded steps where the head could not be admitted although all
                       free memory together would hold it (external fragmentation > 0).
     unused_per_seq    slots a running sequence holds but has no token in (reserved + internal), per
-                      running sequence: the mean over every step with one running, and the worst step.
+                      running sequence: the mean over every step with at least one running, and the worst step.
 
 Why this loop is not the engine core's (core.py, which the later simulators run with a synthetic
 runner): chapters 01-04 compare memory layouts, not schedulers. Here every policy, the reserving

@@ -321,12 +321,14 @@ def measure(chapter: str | None = None, only: list[str] | None = None, dry_run: 
     to re-measure a chapter (or the course) at one commit. Refuses uncommitted changes to minipaged/,
     since the records would say they measured a commit they did not. Run it alone on the machine: a
     second process on the cores slows every timing in it."""
-    numbers = [folder.name[:2] for folder in chapters()]
-    if chapter is not None and (not str(chapter).isdigit() or f"{int(chapter):02d}" not in numbers):
+    folders = chapters()
+    numbers = [folder.name[:2] for folder in folders]
+    wanted = f"{int(chapter):02d}" if chapter is not None and str(chapter).isdigit() else chapter
+    if wanted is not None and wanted not in numbers:
         raise ValueError(f"--chapter must be one of the chapter numbers {', '.join(numbers)}, got {chapter!r}")
     todo = []
-    for folder in chapters():
-        if chapter is not None and not folder.name.startswith(f"{int(chapter):02d}_"):
+    for folder in folders:
+        if wanted is not None and folder.name[:2] != wanted:
             continue
         for path in sorted((folder / "results").glob("*.json")):
             if only and path.stem not in only:

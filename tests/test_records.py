@@ -45,8 +45,7 @@ def _measured_sections(text: str):
     """(heading, body) of every section whose heading starts with "Measured", up to the next heading
     of the same or a higher level (its subsections belong to it)."""
     for m in re.finditer(r"^(#{2,3}) (Measured[^\n]*)\n", text, re.M):
-        level = len(m.group(1))
-        end = re.compile(r"^#{1,LEVEL} ".replace("LEVEL", str(level)), re.M).search(text, m.end())
+        end = re.compile(rf"^#{{1,{len(m.group(1))}}} ", re.M).search(text, m.end())
         yield m.group(2), text[m.end():end.start() if end else len(text)]
 
 

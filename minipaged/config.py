@@ -29,7 +29,7 @@ GROWING_POLICIES = ("on_demand", "shared", "prefix_caching")  # take blocks as t
 SCHEDULERS = ("continuous", "static")
 PREEMPTION_MODES = ("recompute", "swap")
 RESERVATIONS = ("max", "pow2", "oracle")
-ATTENTION_BACKENDS = ("torch", "torch_batched", "numba")
+ATTENTION_BACKENDS = ("torch", "torch_batched", "cpu", "numba")
 DTYPES = ("float32", "float16", "bfloat16")
 DEFAULT_CHUNKED_BUDGET = 256  # tokens per step on a CPU: about 0.6 s for SmolLM2 on 2 cores (bench chunked's fit)
 
@@ -79,8 +79,9 @@ class EngineArgs:
     kv_capacity_tokens: size of the KV pool in token slots.
     reservation: what reserving policies set aside per request: "max" (max_model_len), "pow2" (next
         power of two of prompt + max_tokens) or "oracle" (prompt + max_tokens).
-    attention_backend: "torch_batched" (the fast CPU path), "torch" (the reference) or "numba"
-        (chapter 10's kernels; under numba's CUDA simulator without a GPU).
+    attention_backend: "torch_batched" (the fast CPU path), "torch" (the reference), "cpu" (decodes
+        through a numba-compiled loop, chapter 10's kernel on a CPU) or "numba" (chapter 10's kernels;
+        under numba's CUDA simulator without a GPU).
     max_num_seqs: most sequences running at once.
     scheduler: (chapter 06) "continuous" (requests join and leave the batch at every step) or "static"
         (a batch runs until its longest request ends).

@@ -6,6 +6,8 @@
 Backends:
     "torch"          the naive PyTorch reference: gather through the block table, dense softmax (the oracle)
     "torch_batched"  the same math in a few batched tensor operations (batched.py): the fast CPU path
+    "cpu"            decodes through one numba-compiled loop over the paged cache, prompts as
+                     torch_batched (cpu_kernel.py): chapter 10's kernel on a CPU, opt-in
     "numba"          chapter 10's numba.cuda kernels (numba_backend.py, kernels/), loaded on first use; on a
                      machine without a GPU they run in numba's CUDA simulator
 
@@ -17,6 +19,8 @@ the others get a plain call of their function.
 """
 
 from __future__ import annotations
+
+import importlib
 
 from minipaged.attention.batched import BatchedAttention, paged_attention_batched
 from minipaged.attention.reference import paged_attention_reference
@@ -39,12 +43,13 @@ def available_backends() -> list[str]:
 
 
 def _load_optional_backends() -> None:
-    """Import optional backends on first use, so numba is only imported when asked for."""
-    if "numba" not in _BACKENDS:
-        try:
-            import minipaged.attention.numba_backend  # noqa: F401  (registers "numba")
-        except ImportError:
-            pass
+    """Import the backends built on numba on first use, so numba is imported only when one is asked for."""
+    for name, module in (("cpu", "cpu_kernel"), ("numba", "numba_backend")):
+        if name not in _BACKENDS:
+            try:
+                importlib.import_module(f"minipaged.attention.{module}")  # registers itself if numba is there
+            except ImportError:  # numba is not installed (requirements-dev.txt has it)
+                pass
 
 
 def _backend(name: str):

@@ -96,7 +96,7 @@ class BatchedAttention:
         ctx = context_lens.to(device=device, dtype=torch.long)  # [S]
         qlen = (torch.ones_like(ctx) if query_lens is None else query_lens.to(device=device, dtype=torch.long))
         if int(qlen.max()) <= SHORT_QUERY or len(qlen) == 1:
-            self.groups = [_Group(block_tables, ctx, qlen, None, block_size, device)]
+            self.groups = [self.make_group(block_tables, ctx, qlen, None, block_size, device)]
             return
         # prompts beside decodes or other prompts (chapter 08 mixes them at every step): the decodes and
         # other short queries in one call, each longer prompt on its own, so nothing is padded to a prompt
@@ -104,8 +104,12 @@ class BatchedAttention:
         short = qlen <= SHORT_QUERY
         parts = ([short] if bool(short.any()) else []) + [torch.arange(len(qlen), device=device) == i
                                                            for i in torch.nonzero(~short).flatten().tolist()]
-        self.groups = [_Group(block_tables[part], ctx[part], qlen[part], torch.nonzero(part[rows]).flatten(),
-                              block_size, device) for part in parts]
+        self.groups = [self.make_group(block_tables[part], ctx[part], qlen[part], torch.nonzero(part[rows]).flatten(),
+                                       block_size, device) for part in parts]
+
+    def make_group(self, tables, ctx, qlen, token_rows, block_size, device):
+        """How one group of sequences is attended (cpu_kernel.py sends the short queries elsewhere)."""
+        return _Group(tables, ctx, qlen, token_rows, block_size, device)
 
     def __call__(self, q, k_cache, v_cache, scale=None):  # q [T, H, Dh] -> [T, H, Dh]
         if scale is None:

@@ -187,7 +187,7 @@ def add_arguments(p):
                    help="max_num_batched_tokens of the chunked systems (default: 256 128 64)")
     p.add_argument("--max-num-seqs", type=int, default=8, help="most requests running at once (default: 8)")
     p.add_argument("--repeats", type=int, default=2, help="rounds; figures are the medians (default: 2)")
-    p.add_argument("--attention", default="torch_batched", choices=["torch_batched", "torch"],
+    p.add_argument("--attention", default="torch_batched", choices=["torch_batched", "cpu", "torch"],
                    help="attention backend (default: torch_batched)")
     p.add_argument("--seed", type=int, default=0, help="trace seed (default: 0)")
     p.add_argument("--plot-dir", default=None, help="also save chunked_itl.png and chunked_step_cost.png there")

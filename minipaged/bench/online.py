@@ -598,7 +598,7 @@ def add_arguments(p):
     p.add_argument("--skip-overhead", action="store_true",
                    help="skip the server-vs-offline comparison (without --rates the paged saturation "
                         "run still sets the rates)")
-    p.add_argument("--attention", default="torch_batched", choices=["torch_batched", "torch"],
+    p.add_argument("--attention", default="torch_batched", choices=["torch_batched", "cpu", "torch"],
                    help="the engine's attention backend in every system (default: torch_batched)")
     p.add_argument("--seed", type=int, default=0, help="trace and arrival seed (default: 0)")
     p.add_argument("--plot-dir", default=None, help="also save online_latency.png there")

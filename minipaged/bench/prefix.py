@@ -216,7 +216,7 @@ def add_arguments(p):
                                                         "(default: 6)")
     p.add_argument("--max-tokens", type=int, default=32, help="most new tokens per answer (default: 32)")
     p.add_argument("--kv-capacity", type=int, default=16384, help="KV token slots of each engine (default: 16384)")
-    p.add_argument("--attention", default="torch_batched", choices=["torch_batched", "torch"],
+    p.add_argument("--attention", default="torch_batched", choices=["torch_batched", "cpu", "torch"],
                    help="attention backend of both engines (default: torch_batched)")
     p.add_argument("--repeats", type=int, default=3,
                    help="rounds of both workloads; times are the medians (default: 3)")

@@ -326,7 +326,7 @@ def add_arguments(p):
                         "is kept (default: 4,8,16)")
     p.add_argument("--pressure-capacity", type=int, default=None,
                    help="KV slots for the recompute vs swap runs (default: a quarter of --kv-capacity)")
-    p.add_argument("--attention", default="torch_batched", choices=["torch_batched", "torch"],
+    p.add_argument("--attention", default="torch_batched", choices=["torch_batched", "cpu", "torch"],
                    help="the engine's attention backend for every system (default: torch_batched)")
     p.add_argument("--orca", default="max,pow2,oracle",
                    help="reservation rules of the Orca systems (continuous batching over contiguous slabs), "

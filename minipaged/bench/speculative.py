@@ -199,7 +199,7 @@ def add_arguments(p):
     p.add_argument("--k", type=int, nargs="+", default=[2, 4, 8],
                    help="num_speculative_tokens values to compare with no speculation (default: 2 4 8)")
     p.add_argument("--max-tokens", type=int, default=64, help="most new tokens per answer (default: 64)")
-    p.add_argument("--attention", default="torch_batched", choices=["torch_batched", "torch"],
+    p.add_argument("--attention", default="torch_batched", choices=["torch_batched", "cpu", "torch"],
                    help="attention backend (default: torch_batched)")
     p.add_argument("--repeats", type=int, default=3, help="rounds; wall times are the medians (default: 3)")
     p.add_argument("--plot-dir", default=None, help="also save spec_speedup.png there")

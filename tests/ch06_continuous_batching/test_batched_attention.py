@@ -1,4 +1,6 @@
-"""The batched PyTorch attention (the benchmark's fast path) against the reference, its oracle."""
+"""The two fast attention paths against the reference, their oracle: the batched PyTorch attention
+(torch_batched) and the default engine's compiled CPU kernel (cpu), on decodes, prompts over a cache,
+chunks and drafts."""
 
 import random
 
@@ -24,10 +26,14 @@ def random_case(seed, num_heads, num_kv_heads, block_size, lengths, query_lens):
     return q, k, v, tables, torch.tensor(lengths, dtype=torch.int32), torch.tensor(query_lens, dtype=torch.int32)
 
 
+FAST = ["torch_batched", "cpu"]
+
+
+@pytest.mark.parametrize("backend", FAST)
 @pytest.mark.parametrize("heads", [(4, 4), (9, 3), (8, 2)])
 @pytest.mark.parametrize("block_size", [1, 4, 16])
 @pytest.mark.parametrize("seed", range(3))
-def test_batched_equals_reference(heads, block_size, seed):
+def test_fast_backends_equal_the_reference(backend, heads, block_size, seed):
     rng = random.Random(seed)
     lengths = [rng.choice([1, block_size - 1 or 1, block_size, block_size + 1, rng.randint(1, 70)]) for _ in range(6)]
     decode = random_case(seed, *heads, block_size, lengths, [1] * 6)
@@ -35,16 +41,17 @@ def test_batched_equals_reference(heads, block_size, seed):
     mixed = random_case(seed, *heads, block_size, lengths, query_lens)
     for q, k, v, tables, ctx, qlen in (decode, mixed):
         want = paged_attention(q, k, v, tables, ctx, query_lens=qlen, backend="torch")
-        got = paged_attention(q, k, v, tables, ctx, query_lens=qlen, backend="torch_batched")
+        got = paged_attention(q, k, v, tables, ctx, query_lens=qlen, backend=backend)
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     q, k, v, tables, ctx, _ = decode
-    torch.testing.assert_close(paged_attention(q, k, v, tables, ctx, backend="torch_batched"),
+    torch.testing.assert_close(paged_attention(q, k, v, tables, ctx, backend=backend),
                                paged_attention(q, k, v, tables, ctx), rtol=1e-5, atol=1e-5)
 
 
-def test_fp16_inputs_keep_their_dtype():
+@pytest.mark.parametrize("backend", FAST)
+def test_fp16_inputs_keep_their_dtype(backend):
     q, k, v, tables, ctx, qlen = random_case(0, 9, 3, 16, [5, 40], [5, 1])
-    got = paged_attention(q.half(), k.half(), v.half(), tables, ctx, query_lens=qlen, backend="torch_batched")
+    got = paged_attention(q.half(), k.half(), v.half(), tables, ctx, query_lens=qlen, backend=backend)
     want = paged_attention(q.half(), k.half(), v.half(), tables, ctx, query_lens=qlen)
     assert got.dtype == torch.float16
     torch.testing.assert_close(got, want, rtol=2e-3, atol=2e-3)
@@ -55,9 +62,25 @@ def test_engine_tokens_equal_the_reference_backend(mode):
     prompts = [[1, 2, 3], [7, 8, 9, 10, 11, 12], [42] * 20, list(range(30, 70))]
     greedy = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
     outs = {}
-    for backend in ("torch", "torch_batched"):
+    for backend in ("torch", *FAST):
         llm = LLM("tiny", kv_policy="on_demand", kv_capacity_tokens=96, block_size=4, max_model_len=96,
                   preemption_mode=mode, attention_backend=backend, progress=False)
         outs[backend] = [o.outputs[0].token_ids for o in llm.generate(prompts, greedy, use_tqdm=False)]
         assert llm.engine.stats["preemptions"] > 0
-    assert outs["torch_batched"] == outs["torch"]
+    assert outs["torch_batched"] == outs["torch"] and outs["cpu"] == outs["torch"]
+
+
+def test_cpu_kernel_takes_the_short_queries_and_sdpa_the_prompts():
+    """Decodes and drafts (up to SHORT_QUERY tokens) go to the compiled kernel, each longer prompt to
+    SDPA; bf16 queries, for which the kernel is not compiled, take SDPA too and still agree."""
+    from minipaged.attention.batched import SHORT_QUERY, _Group
+    from minipaged.attention.cpu_kernel import KernelAttention, _KernelGroup
+
+    q, k, v, tables, ctx, qlen = random_case(1, 9, 3, 4, [30, 20, 60, 5], [1, SHORT_QUERY, 40, 5])
+    plan = KernelAttention(tables, ctx, qlen, 4)
+    assert [type(g) for g in plan.groups] == [_KernelGroup, _Group]
+    want = paged_attention(q, k, v, tables, ctx, query_lens=qlen)
+    torch.testing.assert_close(plan(q, k, v), want, rtol=1e-5, atol=1e-5)
+    got = plan(q.bfloat16(), k.bfloat16(), v.bfloat16())
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), want, rtol=0.05, atol=0.05)

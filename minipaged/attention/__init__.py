@@ -26,6 +26,7 @@ from minipaged.attention.batched import BatchedAttention, paged_attention_batche
 from minipaged.attention.reference import paged_attention_reference
 
 _BACKENDS = {"torch": paged_attention_reference, "torch_batched": paged_attention_batched}
+NEEDS_NUMBA = ("cpu", "numba")  # backends that register themselves when numba can be imported
 _PLANNERS = {"torch_batched": BatchedAttention}  # backend -> class(block_tables, context_lens, query_lens, block_size)
 
 
@@ -44,7 +45,7 @@ def available_backends() -> list[str]:
 
 def _load_optional_backends() -> None:
     """Import the backends built on numba on first use, so numba is imported only when one is asked for."""
-    for name, module in (("cpu", "cpu_kernel"), ("numba", "numba_backend")):
+    for name, module in zip(NEEDS_NUMBA, ("cpu_kernel", "numba_backend")):
         if name not in _BACKENDS:
             try:
                 importlib.import_module(f"minipaged.attention.{module}")  # registers itself if numba is there
@@ -55,6 +56,9 @@ def _load_optional_backends() -> None:
 def _backend(name: str):
     if name not in _BACKENDS:
         _load_optional_backends()
+    if name in NEEDS_NUMBA and name not in _BACKENDS:
+        raise ValueError(f"backend={name!r} needs numba, which is not installed: pip install -r requirements-dev.txt, "
+                         f"or choose one of {available_backends()}")
     if name not in _BACKENDS:
         raise ValueError(f"backend={name!r} is not known; choose one of {available_backends()}")
     return _BACKENDS[name]

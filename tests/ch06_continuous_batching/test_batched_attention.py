@@ -84,3 +84,14 @@ def test_cpu_kernel_takes_the_short_queries_and_sdpa_the_prompts():
     got = plan(q.bfloat16(), k.bfloat16(), v.bfloat16())
     assert got.dtype == torch.bfloat16
     torch.testing.assert_close(got.float(), want, rtol=0.05, atol=0.05)
+
+
+def test_a_backend_that_needs_numba_says_how_to_get_it(monkeypatch):
+    import minipaged.attention as attention
+
+    backends = {k: v for k, v in attention._BACKENDS.items() if k not in attention.NEEDS_NUMBA}
+    monkeypatch.setattr(attention, "_BACKENDS", backends)
+    monkeypatch.setattr(attention, "_load_optional_backends", lambda: None)  # as if numba were missing
+    q, k, v, tables, ctx, _ = random_case(0, 9, 3, 4, [5], [1])
+    with pytest.raises(ValueError, match=r"backend='cpu' needs numba.*requirements-dev.txt"):
+        paged_attention(q, k, v, tables, ctx, backend="cpu")

@@ -112,7 +112,7 @@ def test_bad_requests_say_what_to_do(tmp_path, capsys):
         student_copy(ROOT, tmp_path / "other", [Exercise("98.1", "t", "task " * 20, "h", ("tests",))])
 
 
-# ---- teeth (slow: two pytest runs per exercise) -------------------------------------------------
+# ---- teeth (slow: a pytest run per exercise) ---------------------------------------------------
 
 
 def _before(index, tmp_path):

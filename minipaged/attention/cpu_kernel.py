@@ -13,7 +13,7 @@ for the queries of up to SHORT_QUERY tokens, in one loop that reads K and V wher
         out_h = Σ_t p[h, t] · V[block(t), offset(t)][h // G]
 
 It is chapter 10's v1 kernel written for a CPU: one sequence per job instead of a thread block per
-(sequence, head), loops instead of warps. numba compiles it to machine code the first time it runs
+(sequence, K/V head, row tile), loops instead of warps. numba compiles it to machine code the first time it runs
 (a few seconds; the machine code is cached on disk next to this file, so later processes load it).
 vLLM's CPU backend makes the same split: its own kernel for decodes, SDPA for prompts. Longer queries
 (prompts, chapter 08's chunks) keep batched.py's path: for them the work is a real matrix product,
@@ -99,7 +99,7 @@ def compiled():
     importlib.import_module("minipaged.attention.kernels")  # picks numba's CUDA target, before numba loads
     from numba import njit
 
-    return njit(fastmath=True, cache=True)(_attend)
+    return njit(fastmath={"contract", "reassoc", "arcp"}, cache=True)(_attend)  # fast sums; -inf stays -inf
 
 
 class _KernelGroup:

@@ -20,6 +20,7 @@ quantized (fp8) caches, bf16.
 from __future__ import annotations
 
 import functools
+import importlib.util
 import sys
 
 import numpy as np
@@ -242,6 +243,7 @@ def paged_attention_numba_backend(q, k_cache, v_cache, block_tables, context_len
                                  query_lens=query_lens)
 
 
-register_backend("numba", paged_attention_numba_backend)
+if importlib.util.find_spec("numba") is not None:  # requirements-dev.txt installs it
+    register_backend("numba", paged_attention_numba_backend)
 
 __all__ = ["paged_attention_numba", "paged_attention_numba_backend", "check_inputs", "check_values"]

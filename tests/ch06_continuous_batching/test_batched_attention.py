@@ -1,5 +1,5 @@
 """The two fast attention paths against the reference, their oracle: the batched PyTorch attention
-(torch_batched) and the default engine's compiled CPU kernel (cpu), on decodes, prompts over a cache,
+(torch_batched) and the opt-in compiled CPU kernel (cpu), on decodes, prompts over a cache,
 chunks and drafts."""
 
 import random

@@ -13,8 +13,9 @@ for the queries of up to SHORT_QUERY tokens, in one loop that reads K and V wher
         out_h = Σ_t p[h, t] · V[block(t), offset(t)][h // G]
 
 It is chapter 10's v1 kernel written for a CPU: one sequence per job instead of a thread block per
-(sequence, K/V head, row tile), loops instead of warps. numba compiles it to machine code the first time it runs
-(a few seconds; the machine code is cached on disk next to this file, so later processes load it).
+(sequence, K/V head, row tile), loops instead of warps. numba compiles it to machine code the first
+time it runs (a few seconds; the machine code is cached on disk next to this file, so later processes
+load it).
 vLLM's CPU backend makes the same split: its own kernel for decodes, SDPA for prompts. Longer queries
 (prompts, chapter 08's chunks) keep batched.py's path: for them the work is a real matrix product,
 which SDPA does far better than a loop.
@@ -22,7 +23,7 @@ which SDPA does far better than a loop.
 Why it is not the default (docs/pages/speed.md's ledger): run on one core, it is as fast as
 batched.py's path within this machine's noise. Spread over both cores with numba's ``prange``, it was
 faster alone, but numba's worker threads and PyTorch's OpenMP threads then compete for the cores
-whenever another process runs, and the test suite took three times the CPU time. So the loop runs on
+whenever another process runs, and the test suite took nearly three times the CPU time. So the loop runs on
 the calling thread only.
 
 Not handled: dtypes other than float32 (they take batched.py's path), tensors off the CPU, sliding

@@ -6,8 +6,9 @@
     LLMEngine.from_engine_args(args)
 
 The defaults are the finished engine, as vLLM's are: a paged pool of shared, reference-counted
-blocks with the prefix cache (chapter 07), continuous batching (chapter 06) and the batched CPU
-attention (``attention_backend="torch_batched"``). A chapter that shows an earlier stage chooses it
+blocks with the prefix cache (chapter 07), continuous batching (chapter 06), decode attention by a
+compiled CPU kernel (``attention_backend="cpu"``) and the model's small operations compiled
+(``cpu_kernels=True``, model/kernels.py). A chapter that shows an earlier stage chooses it
 by name, for example ``EngineArgs(kv_policy="per_request")`` for chapter 00's one-sequence engine.
 
 Adding a chapter's option means adding a field here (with its check in ``validate``) and reading it
@@ -79,9 +80,13 @@ class EngineArgs:
     kv_capacity_tokens: size of the KV pool in token slots.
     reservation: what reserving policies set aside per request: "max" (max_model_len), "pow2" (next
         power of two of prompt + max_tokens) or "oracle" (prompt + max_tokens).
-    attention_backend: "torch_batched" (the fast CPU path), "torch" (the reference), "cpu" (decodes
-        through a numba-compiled loop, chapter 10's kernel on a CPU) or "numba" (chapter 10's kernels;
-        under numba's CUDA simulator without a GPU).
+    attention_backend: "cpu" (decodes through a compiled C++ kernel over the paged cache, prompts as
+        torch_batched: chapter 10's kernel on a CPU), "torch_batched" (chapter 06's batched PyTorch
+        path), "torch" (the reference) or "numba" (chapter 10's kernels; under numba's CUDA simulator
+        without a GPU).
+    cpu_kernels: run the model's small operations (RMSNorm, RoPE, SwiGLU, the thin products, the cache
+        write) as compiled C++ kernels (model/kernels.py; built on first use, the PyTorch code when no
+        compiler is there). False runs the model's PyTorch code, their oracle. Pooled policies only.
     max_num_seqs: most sequences running at once.
     scheduler: (chapter 06) "continuous" (requests join and leave the batch at every step) or "static"
         (a batch runs until its longest request ends).
@@ -111,7 +116,8 @@ class EngineArgs:
     block_size: int = 16
     kv_capacity_tokens: int = 8192
     reservation: str = "max"
-    attention_backend: str = "torch_batched"
+    attention_backend: str = "cpu"
+    cpu_kernels: bool = True
     max_num_seqs: int = 64
     scheduler: str = "continuous"
     preemption_mode: str = "recompute"
@@ -195,6 +201,7 @@ class EngineArgs:
         _int_at_least("swap_space_tokens", self.swap_space_tokens, 0, none_ok=True)
         _flag("enable_chunked_prefill", self.enable_chunked_prefill)
         _flag("use_cache", self.use_cache)
+        _flag("cpu_kernels", self.cpu_kernels)
         _flag("progress", self.progress)
         if isinstance(self.watermark, bool) or not isinstance(self.watermark, (int, float)) \
                 or not 0 <= self.watermark < 1:

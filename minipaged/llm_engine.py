@@ -81,6 +81,7 @@ def build_core(args: EngineArgs, loaded=None, metrics=None) -> tuple[EngineCore,
                          max_model_len=max_model_len, reservation=args.reservation, **options)
     core = EngineCore(args, policy, None, loaded.tokenizer, eos, max_model_len, metrics)  # sizes the swap space
     core.runner = ModelRunner(loaded.model, loaded.tokenizer, policy, attention_backend=args.attention_backend,
+                              cpu_kernels=args.cpu_kernels,
                               swap_blocks=core.swap_space.num_blocks if core.swap_space else 0, metrics=core.metrics)
     return core, loaded
 

@@ -95,12 +95,13 @@ class ModelRunner:
     needs_torch = True
 
     def __init__(self, model, tokenizer, policy, *, attention_backend: str = "torch_batched",
-                 swap_blocks: int = 0, metrics=None):
+                 cpu_kernels: bool = False, swap_blocks: int = 0, metrics=None):
         from minipaged.kv.paged_cache import PagedKVCache, SwapKVCache
 
         cfg = model.config
         self.model, self.tokenizer, self.policy = model, tokenizer, policy
         self.backend = attention_backend
+        self.cpu_kernels = cpu_kernels  # the model's small operations compiled (model/kernels.py)
         self.cache = PagedKVCache(cfg, policy.num_blocks, policy.block_size, model.dtype, model.device)
         self.swap_cache = SwapKVCache(cfg, swap_blocks, policy.block_size, model.dtype) if swap_blocks else None
         self.metrics = metrics
@@ -173,6 +174,7 @@ class ModelRunner:
         import torch
 
         from minipaged.kv.paged_cache import PagedBatch
+        from minipaged.model import kernels
 
         drafts = drafts or {}
         self.copy_blocks(self.policy.drain_copies())  # before any new K/V lands in a copied block
@@ -192,8 +194,9 @@ class ModelRunner:
             last_rows = torch.cat([torch.arange(end - 1 - drafts.get(seq_id, 0), end)
                                    for end, (seq_id, *_) in zip(ends.tolist(), work)])
         start = time.perf_counter()
-        logits = self.model(torch.tensor(tokens, device=device), torch.tensor(positions, device=device),
-                            batch, logits_rows=last_rows.to(device))  # [rows, V]
+        with kernels.enabled(self.cpu_kernels):
+            logits = self.model(torch.tensor(tokens, device=device), torch.tensor(positions, device=device),
+                                batch, logits_rows=last_rows.to(device))  # [rows, V]
         if logits.is_cuda:
             torch.cuda.synchronize()
         self.last_forward_seconds = time.perf_counter() - start

@@ -6,8 +6,8 @@
 Backends:
     "torch"          the naive PyTorch reference: gather through the block table, dense softmax (the oracle)
     "torch_batched"  the same math in a few batched tensor operations (batched.py): the fast CPU path
-    "cpu"            decodes through one numba-compiled loop over the paged cache, prompts as
-                     torch_batched (cpu_kernel.py): chapter 10's kernel on a CPU, opt-in
+    "cpu"            decodes through one compiled C++ loop over the paged cache, prompts as
+                     torch_batched (cpu_kernel.py): chapter 10's kernel on a CPU
     "numba"          chapter 10's numba.cuda kernels (numba_backend.py, kernels/), loaded on first use; on a
                      machine without a GPU they run in numba's CUDA simulator
 
@@ -23,11 +23,13 @@ from __future__ import annotations
 import importlib
 
 from minipaged.attention.batched import BatchedAttention, paged_attention_batched
+from minipaged.attention.cpu_kernel import KernelAttention, paged_attention_cpu
 from minipaged.attention.reference import paged_attention_reference
 
-_BACKENDS = {"torch": paged_attention_reference, "torch_batched": paged_attention_batched}
-NEEDS_NUMBA = ("cpu", "numba")  # backends that register themselves when numba can be imported
-_PLANNERS = {"torch_batched": BatchedAttention}  # backend -> class(block_tables, context_lens, query_lens, block_size)
+_BACKENDS = {"torch": paged_attention_reference, "torch_batched": paged_attention_batched, "cpu": paged_attention_cpu}
+NEEDS_NUMBA = ("numba",)  # backends that register themselves when numba can be imported
+# backend -> class(block_tables, context_lens, query_lens, block_size)
+_PLANNERS = {"torch_batched": BatchedAttention, "cpu": KernelAttention}
 
 
 def register_backend(name: str, fn, planner=None) -> None:
@@ -45,7 +47,7 @@ def available_backends() -> list[str]:
 
 def _load_optional_backends() -> None:
     """Import the backends built on numba on first use, so numba is imported only when one is asked for."""
-    for name, module in zip(NEEDS_NUMBA, ("cpu_kernel", "numba_backend")):
+    for name, module in zip(NEEDS_NUMBA, ("numba_backend",)):
         if name not in _BACKENDS:
             try:
                 importlib.import_module(f"minipaged.attention.{module}")  # registers itself if numba is there

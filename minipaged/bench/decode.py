@@ -72,12 +72,14 @@ def model_linears(model) -> list:
 def matmul_only_seconds(model, batch: int, repeats: int = 5) -> dict:
     """Best time of the step's matmuls alone: every weight, in forward order, times a [batch, in] input,
     two ways, alternated: ``plain`` is F.linear (MKL's own threading, PyTorch's [out, in] layout) and
-    ``model`` is the model's own Linear (model/llama.py: a thin product split over the threads).
+    ``model`` is the model's own Linear as the engine runs it (model/llama.py: a thin product split over
+    the threads, or the compiled product of model/kernels.py when it is built).
     ``best`` is the faster, the arithmetic bound: no step can beat the best way to do its matmuls."""
     import torch
     import torch.nn.functional as F
 
     from minipaged.bench.roofline import best_time
+    from minipaged.model import kernels
 
     mods = model_linear_modules(model)
     inputs = {m.weight.shape[1]: torch.randn(batch, m.weight.shape[1], dtype=m.weight.dtype) for m in mods}
@@ -87,8 +89,9 @@ def matmul_only_seconds(model, batch: int, repeats: int = 5) -> dict:
             F.linear(inputs[m.weight.shape[1]], m.weight)
 
     def own():
-        for m in mods:
-            m(inputs[m.weight.shape[1]])
+        with kernels.enabled():
+            for m in mods:
+                m(inputs[m.weight.shape[1]])
 
     times = {"plain": float("inf"), "model": float("inf")}
     with torch.inference_mode():

@@ -24,6 +24,7 @@ from __future__ import annotations
 import torch
 
 from minipaged.attention import attention_for_step
+from minipaged.model import kernels
 from minipaged.model.config import ModelConfig
 
 
@@ -39,6 +40,8 @@ class PagedKVCache:
 
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """k, v [T, KVH, Dh] go to flat rows `slots` [T] of this layer's cache."""
+        if kernels.use(k):  # the two lines below in one compiled call (model/kernels.py)
+            return kernels.ops().write_kv(k, v, self.k[layer], self.v[layer], slots)
         self.k[layer].view(-1, *k.shape[1:]).index_copy_(0, slots, k)
         self.v[layer].view(-1, *v.shape[1:]).index_copy_(0, slots, v)
 

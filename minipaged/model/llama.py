@@ -12,9 +12,12 @@ The `kv` object stores k and v wherever its policy says (a tensor per request, a
 paged blocks...) and returns attention over everything the sequence has cached so far. That is the
 seam where every chapter plugs in a new memory policy without touching this file.
 
-Three things here are for speed, each measured (docs/pages/speed.md): q, k and v come from one stacked
-projection and gate and up from another; RoPE's cos and sin are computed once per forward pass; and
-`Linear` splits a thin product over the CPU's threads.
+Four things here are for speed, each measured (docs/pages/speed.md): q, k and v come from one stacked
+projection and gate and up from another; RoPE's cos and sin are computed once per forward pass;
+`Linear` splits a thin product over the CPU's threads; and inside the engine (``kernels.enabled()``)
+RMSNorm, RoPE, SwiGLU's middle and the thin products each run as one compiled call
+(model/kernels.py). Each of those is marked `if kernels.use(x):`, and the PyTorch lines under it are
+the math it computes and the oracle it is tested against.
 
 Shapes: T = number of new tokens in this forward pass (all sequences flattened together),
 D = hidden_size, H = num_heads, KVH = num_kv_heads, Dh = head_dim, V = vocab_size.
@@ -28,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from minipaged.model import kernels
 from minipaged.model.config import ModelConfig
 
 
@@ -38,6 +42,8 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x):  # x [T, D]
+        if kernels.use(x):  # the lines below in one compiled call
+            return kernels.ops().rms_norm(x, self.weight, self.eps)
         dtype = x.dtype
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -53,19 +59,25 @@ class Linear(nn.Linear):
     memory bandwidth the machine has. Viewing the weight [out, in] as P blocks [P, out / P, in] costs
     no copy, and `torch.bmm` gives each block to its own thread: the same dot products, on every core
     (docs/pages/speed.md has the measurements). From a few hundred rows on (prefill) MKL's own
-    threading is as fast or faster, so larger inputs take the plain path.
+    threading is as fast or faster, so larger inputs take the plain path. Inside the engine, up to
+    SMALL_ROWS rows go to a compiled loop (model/kernels.py) that streams the weight faster still.
     """
 
     SPLIT_ROWS = 128  # inputs with at most this many rows use the blocked product
+    SMALL_ROWS = 32  # inputs with at most this many rows use the compiled product, when it is on
 
     def __init__(self, in_features: int, out_features: int):
         super().__init__(in_features, out_features, bias=False)
 
     def forward(self, x):  # x [T, in] -> [T, out]
         T, (out, inp) = x.shape[0], self.weight.shape
+        if T <= self.SMALL_ROWS and kernels.use(x):  # y = x Wᵀ in one compiled loop over W's rows
+            return kernels.ops().small_linear(x, self.weight)
         parts = torch.get_num_threads()
         if T > self.SPLIT_ROWS or parts < 2 or out % parts:
             return F.linear(x, self.weight)
+        if kernels.use(x):  # the three lines below, called from C++: one dispatch instead of six
+            return kernels.ops().blocked_linear(x, self.weight, parts)
         blocks = self.weight.view(parts, out // parts, inp).transpose(1, 2)  # [P, in, out / P], a view
         y = torch.bmm(x.expand(parts, T, inp), blocks)  # [P, T, out / P]
         return y.transpose(0, 1).reshape(T, out)
@@ -92,6 +104,8 @@ class Rotary(nn.Module):
 
     @staticmethod
     def rotate(x, cos, sin):  # x [T, heads, Dh]
+        if kernels.use(x):  # the lines below in one compiled call
+            return kernels.ops().rotary(x, cos, sin)
         half = x.shape[-1] // 2
         rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
         return (x.float() * cos + rotated.float() * sin).to(x.dtype)
@@ -125,6 +139,8 @@ class MLP(nn.Module):
         self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size)
 
     def forward(self, x):  # SwiGLU: down(silu(gate(x)) * up(x))
+        if kernels.use(x):  # silu(gate) * up in one compiled call
+            return self.down_proj(kernels.ops().silu_and_mul(self.gate_up_proj(x)))
         gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)  # [T, F] each
         return self.down_proj(F.silu(gate) * up)
 

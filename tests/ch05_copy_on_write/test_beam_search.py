@@ -145,10 +145,10 @@ def per_request():
 
 @pytest.fixture(scope="module")
 def shared():
-    # the reference attention: the batched backend computes the same math with other rounding, and
-    # these tests compare floats with the private beams' exactly
-    return LLM("tiny", kv_policy="shared", attention_backend="torch", kv_capacity_tokens=4096, block_size=8,
-               max_model_len=256, progress=False)
+    # the reference attention and the model's PyTorch code: the batched backend and the compiled kernels
+    # compute the same math with other rounding, and these tests compare floats with the private beams' exactly
+    return LLM("tiny", kv_policy="shared", attention_backend="torch", cpu_kernels=False, kv_capacity_tokens=4096,
+               block_size=8, max_model_len=256, progress=False)
 
 
 @pytest.mark.parametrize("width", [1, 2, 4])
@@ -219,8 +219,8 @@ def test_a_small_pool_restarts_requests_and_leaks_nothing(shared):
 
 def test_a_request_that_can_never_fit_is_refused_and_the_rest_served(shared):
     # 32 blocks of 8: four beams of 3 + 60 tokens may need all 32; 59 + 60 tokens may need 39
-    llm = LLM("tiny", kv_policy="shared", attention_backend="torch", kv_capacity_tokens=256, block_size=8,
-              max_model_len=256, progress=False)
+    llm = LLM("tiny", kv_policy="shared", attention_backend="torch", cpu_kernels=False, kv_capacity_tokens=256,
+              block_size=8, max_model_len=256, progress=False)
     params = BeamSearchParams(beam_width=4, max_tokens=60, ignore_eos=True)
     outs = llm.beam_search([list(range(1, 60)), PROMPTS[0]], params)
     assert outs[0].sequences == [] and "pool" in outs[0].refused
@@ -253,8 +253,8 @@ def test_real_model_shared_beams_equal_private_beams(real_llm):
     prompts = [tok.apply_chat_template([{"role": "user", "content": q}])
                for q in ("What is the capital of France?", "Name a fruit that is yellow.")]
     params = BeamSearchParams(beam_width=3, max_tokens=16)
-    llm = LLM("smollm2-135m", kv_policy="shared", attention_backend="torch", kv_capacity_tokens=4096,
-              max_model_len=512, progress=False)
+    llm = LLM("smollm2-135m", kv_policy="shared", attention_backend="torch", cpu_kernels=False,
+              kv_capacity_tokens=4096, max_model_len=512, progress=False)
     per_request = LLM("smollm2-135m", kv_policy="per_request", max_model_len=512, progress=False)
     with llm.engine.metrics.recording() as rec:
         got = one_by_one(llm, prompts, params)

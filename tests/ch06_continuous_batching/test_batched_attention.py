@@ -1,6 +1,6 @@
 """The two fast attention paths against the reference, their oracle: the batched PyTorch attention
-(torch_batched) and the opt-in compiled CPU kernel (cpu), on decodes, prompts over a cache,
-chunks and drafts."""
+(torch_batched) and the compiled CPU kernel (cpu, the default engine's), on decodes, prompts over a
+cache, chunks and drafts."""
 
 import random
 
@@ -93,5 +93,5 @@ def test_a_backend_that_needs_numba_says_how_to_get_it(monkeypatch):
     monkeypatch.setattr(attention, "_BACKENDS", backends)
     monkeypatch.setattr(attention, "_load_optional_backends", lambda: None)  # as if numba were missing
     q, k, v, tables, ctx, _ = random_case(0, 9, 3, 4, [5], [1])
-    with pytest.raises(ValueError, match=r"backend='cpu' needs numba.*requirements-dev.txt"):
-        paged_attention(q, k, v, tables, ctx, backend="cpu")
+    with pytest.raises(ValueError, match=r"backend='numba' needs numba.*requirements-dev.txt"):
+        paged_attention(q, k, v, tables, ctx, backend="numba")

@@ -1,0 +1,394 @@
+// The model's small operations and its decode attention, each as one compiled call on the CPU.
+//
+// Why this file exists: a decode step of SmolLM2-135M makes about sixty PyTorch calls per layer
+// besides its four matrix products. At one sequence each call does almost no arithmetic, so the
+// step's time goes to dispatching them (a few microseconds each, 30 layers deep); at 32 sequences the
+// attention's gather copies every cached K/V row before SDPA reads it again. Each function below is
+// the same math as a few lines of model/llama.py or attention/batched.py, which stay the oracle
+// (tests/ch00_the_kv_cache/test_cpu_kernels.py asserts each equal to them). model/kernels.py builds
+// this file with the C++ compiler on first use and falls back to the PyTorch code when it cannot.
+//
+// The work is spread with at::parallel_for, which runs on PyTorch's own OpenMP threads: no second
+// thread pool competes with PyTorch's for the cores.
+//
+// Shapes as in model/llama.py: T tokens, D hidden size, N heads, Dh head size, F intermediate size;
+// the cache is [num_blocks, block_size, KVH, Dh] per layer. float32 only.
+//
+// Not handled: other dtypes, tensors off the CPU (model/kernels.py sends those to the PyTorch code).
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define MINIPAGED_AVX2 1
+#endif
+
+namespace {
+
+void check_float(const at::Tensor& t, const char* name) {
+  TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == at::kFloat, name, " must be a float32 CPU tensor");
+}
+
+#ifdef MINIPAGED_AVX2
+// the sum of a vector's 8 floats
+inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_hadd_ps(s, s);
+  s = _mm_hadd_ps(s, s);
+  return _mm_cvtss_f32(s);
+}
+#endif
+
+// a · b over n floats
+inline float dot(const float* a, const float* b, int64_t n) {
+  int64_t i = 0;
+  float sum = 0.f;
+#ifdef MINIPAGED_AVX2
+  __m256 acc = _mm256_setzero_ps();
+  for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+  sum = hsum(acc);
+#endif
+  for (; i < n; ++i) sum += a[i] * b[i];
+  return sum;
+}
+
+}  // namespace
+
+// RMSNorm: y = x / sqrt(mean(x²) + eps) * weight, row by row.   x [T, D], weight [D] -> [T, D]
+at::Tensor rms_norm(const at::Tensor& x_in, const at::Tensor& weight, double eps) {
+  check_float(x_in, "x");
+  const at::Tensor x = x_in.contiguous();
+  at::Tensor y = at::empty_like(x);
+  const int64_t T = x.size(0), D = x.size(1);
+  const float* xp = x.data_ptr<float>();
+  const float* wp = weight.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  at::parallel_for(0, T, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const float* row = xp + t * D;
+      const float inv = 1.f / std::sqrt(dot(row, row, D) / D + static_cast<float>(eps));
+      for (int64_t d = 0; d < D; ++d) yp[t * D + d] = row[d] * inv * wp[d];
+    }
+  });
+  return y;
+}
+
+// RoPE, "rotate half" layout: dimension i pairs with i + Dh/2.   x [T, N, Dh] (rows may be strided,
+// each head contiguous: a slice of the stacked qkv), cos, sin [T, Dh] -> [T, N, Dh]
+at::Tensor rotary(const at::Tensor& x, const at::Tensor& cos_in, const at::Tensor& sin_in) {
+  check_float(x, "x");
+  const int64_t T = x.size(0), N = x.size(1), Dh = x.size(2), half = Dh / 2;
+  TORCH_CHECK(x.stride(2) == 1 && x.stride(1) == Dh, "rotary: each row's heads must be contiguous");
+  const at::Tensor cos = cos_in.contiguous(), sin = sin_in.contiguous();
+  at::Tensor y = at::empty({T, N, Dh}, x.options());
+  const float* xp = x.data_ptr<float>();
+  const float* cp = cos.data_ptr<float>();
+  const float* sp = sin.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  const int64_t row_stride = x.stride(0);
+  at::parallel_for(0, T, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const float* c = cp + t * Dh;
+      const float* s = sp + t * Dh;
+      for (int64_t h = 0; h < N; ++h) {
+        const float* in = xp + t * row_stride + h * Dh;
+        float* out = yp + (t * N + h) * Dh;
+        for (int64_t i = 0; i < half; ++i) {  // (a, b) -> (a cos - b sin, b cos + a sin)
+          out[i] = in[i] * c[i] - in[i + half] * s[i];
+          out[i + half] = in[i + half] * c[i + half] + in[i] * s[i + half];
+        }
+      }
+    }
+  });
+  return y;
+}
+
+// SwiGLU's middle: silu(gate) * up, where gate_up = [gate | up].   gate_up [T, 2F] -> [T, F]
+at::Tensor silu_and_mul(const at::Tensor& gate_up_in) {
+  check_float(gate_up_in, "gate_up");
+  const at::Tensor gate_up = gate_up_in.contiguous();
+  const int64_t T = gate_up.size(0), F = gate_up.size(1) / 2;
+  at::Tensor y = at::empty({T, F}, gate_up.options());
+  const float* gp = gate_up.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  at::parallel_for(0, T * F, 4096, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t t = i / F, f = i % F;
+      const float g = gp[t * 2 * F + f];
+      yp[i] = g / (1.f + std::exp(-g)) * gp[t * 2 * F + F + f];
+    }
+  });
+  return y;
+}
+
+// model/llama.py's Linear for thin inputs: the weight [out, in] seen as `parts` row blocks, one
+// batched product with a block per thread.   x [T, in] -> [T, out]. The same calls as the Python
+// version, made from C++ (one dispatch from Python instead of six).
+at::Tensor blocked_linear(const at::Tensor& x, const at::Tensor& weight, int64_t parts) {
+  const int64_t T = x.size(0), out = weight.size(0), in = weight.size(1);
+  const at::Tensor blocks = weight.view({parts, out / parts, in}).transpose(1, 2);  // [P, in, out / P]
+  return at::bmm(x.expand({parts, T, in}), blocks).transpose(0, 1).reshape({T, out});
+}
+
+#ifdef MINIPAGED_AVX2
+namespace {
+
+// the sums of four vectors' 8 floats each, as one 4-float vector
+inline __m128 hsum4(__m256 a, __m256 b, __m256 c, __m256 d) {
+  const __m256 u = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
+  return _mm_add_ps(_mm256_castps256_ps128(u), _mm256_extractf128_ps(u, 1));
+}
+
+// y[t0 .. t0 + TT, j .. j + 4] = x[t0 .. t0 + TT] · W[j .. j + 4]ᵀ, with the 4 x TT sums in registers:
+// each weight chunk loaded once serves TT rows, each x chunk serves 4 weight rows
+template <int TT>
+inline void tile(const float* x, const float* w, int64_t in, int64_t out, int64_t t0, int64_t j, float* y) {
+  __m256 acc[TT][4];
+  for (int t = 0; t < TT; ++t)
+    for (int r = 0; r < 4; ++r) acc[t][r] = _mm256_setzero_ps();
+  const float* w0 = w + j * in;
+  for (int64_t i = 0; i < in; i += 8) {
+    const __m256 wv[4] = {_mm256_loadu_ps(w0 + i), _mm256_loadu_ps(w0 + in + i), _mm256_loadu_ps(w0 + 2 * in + i),
+                          _mm256_loadu_ps(w0 + 3 * in + i)};
+    for (int t = 0; t < TT; ++t) {
+      const __m256 xv = _mm256_loadu_ps(x + (t0 + t) * in + i);
+      for (int r = 0; r < 4; ++r) acc[t][r] = _mm256_fmadd_ps(wv[r], xv, acc[t][r]);
+    }
+  }
+  for (int t = 0; t < TT; ++t) _mm_storeu_ps(y + (t0 + t) * out + j, hsum4(acc[t][0], acc[t][1], acc[t][2], acc[t][3]));
+}
+
+}  // namespace
+#endif
+
+// y = x Wᵀ for a few rows x (decodes of up to a few dozen sequences).   x [T, in], weight [out, in] -> [T, out]
+//
+// At one row the product does two FLOPs per weight it reads, so its speed is how fast the weights
+// stream in from memory, and MKL runs it well below the machine's read bandwidth (see
+// scripts/thin_matmul.py). This loop reads the weight once, in order, four rows at a time, and
+// multiplies each piece by up to three rows of x while it is in registers; the output columns are
+// split over the threads. Shapes it does not tile (no AVX2, `in` not a multiple of 8) go to at::linear.
+at::Tensor small_linear(const at::Tensor& x_in, const at::Tensor& weight) {
+  check_float(x_in, "x");
+  check_float(weight, "weight");
+  const at::Tensor x = x_in.contiguous(), w = weight.contiguous();
+  const int64_t T = x.size(0), out = w.size(0), in = w.size(1);
+#ifdef MINIPAGED_AVX2
+  if (in % 8 == 0) {
+    at::Tensor y = at::empty({T, out}, x.options());
+    const float* xp = x.data_ptr<float>();
+    const float* wp = w.data_ptr<float>();
+    float* yp = y.data_ptr<float>();
+    at::parallel_for(0, (out + 3) / 4, 8, [&](int64_t begin, int64_t end) {
+      for (int64_t group = begin; group < end; ++group) {
+        const int64_t j = group * 4;
+        if (j + 4 > out) {  // the last few weight rows, one at a time
+          for (int64_t jj = j; jj < out; ++jj)
+            for (int64_t t = 0; t < T; ++t) yp[t * out + jj] = dot(wp + jj * in, xp + t * in, in);
+          continue;
+        }
+        int64_t t = 0;
+        for (; t + 3 <= T; t += 3) tile<3>(xp, wp, in, out, t, j, yp);
+        for (; t < T; ++t) tile<1>(xp, wp, in, out, t, j, yp);
+      }
+    });
+    return y;
+  }
+#endif
+  return at::linear(x, w);
+}
+
+// Store the step's new keys and values in their slots (slot s = block s / block_size, row
+// s % block_size).   k, v [T, KVH, Dh]; caches [num_blocks, block_size, KVH, Dh]; slots [T] int64
+void write_kv(const at::Tensor& k_in, const at::Tensor& v_in, const at::Tensor& k_cache, const at::Tensor& v_cache,
+              const at::Tensor& slots) {
+  check_float(k_cache, "k_cache");
+  const at::Tensor k = k_in.contiguous(), v = v_in.contiguous();
+  const int64_t T = k.size(0), row = k.size(1) * k.size(2);
+  const int64_t num_slots = k_cache.size(0) * k_cache.size(1);
+  const int64_t* sp = slots.data_ptr<int64_t>();
+  for (int64_t t = 0; t < T; ++t) TORCH_CHECK(sp[t] >= 0 && sp[t] < num_slots, "write_kv: slot out of range");
+  const float* kp = k.data_ptr<float>();
+  const float* vp = v.data_ptr<float>();
+  float* kc = k_cache.data_ptr<float>();
+  float* vc = v_cache.data_ptr<float>();
+  for (int64_t t = 0; t < T; ++t) {
+    std::copy(kp + t * row, kp + (t + 1) * row, kc + sp[t] * row);
+    std::copy(vp + t * row, vp + (t + 1) * row, vc + sp[t] * row);
+  }
+}
+
+#ifdef MINIPAGED_AVX2
+namespace {
+
+// exp of 8 floats at once, x <= 0 (a score minus its row's maximum): exp(x) = 2^k exp(r) with
+// k = round(x / ln 2) and |r| <= ln(2) / 2, exp(r) by its Taylor series to r^6 (error below 1e-7,
+// a float's own rounding). Below -87 the result is a tiny float instead of 0, which a sum of at least 1
+// (the maximum's own term) cannot notice.
+inline __m256 exp_nonpositive(__m256 x) {
+  x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+  const __m256 k = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(k, _mm256_set1_ps(0.693145752f), x);  // ln 2 in two parts, for accuracy
+  r = _mm256_fnmadd_ps(k, _mm256_set1_ps(1.42860677e-6f), r);
+  __m256 p = _mm256_set1_ps(1.f / 720);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 120));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 24));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 6));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f));
+  const __m256i two_k = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(two_k));
+}
+
+// the sums of eight vectors, as one vector: lane i = the sum of a[i]'s 8 floats
+inline __m256 hsum8(const __m256* a) {
+  const __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+  const __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
+  return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+}  // namespace
+#endif
+
+// Attention of short queries (decodes, chapter 09's drafts) over the paged cache, reading K and V
+// where they lie: no gathered copy.
+//
+//   q [T, H, Dh]; caches [num_blocks, block_size, KVH, Dh]; tables [S, max_blocks] int64;
+//   context_lens, query_starts, query_lens [S] int64 -> out [T, H, Dh]
+//
+// Sequence s owns query rows query_starts[s] .. + query_lens[s]; its query j sits at position
+// context_lens[s] - query_lens[s] + j and sees the keys at positions 0 .. that position. One job per
+// (sequence, K/V head): R = query_lens[s] * G score rows (the G query heads that share the K/V head,
+// for every query token), then
+//   1. scores[r, t] = q_r · K[t] * scale, for the keys row r sees (eight keys at a time per row);
+//   2. a softmax along each row (max, exp, sum, divide);
+//   3. out_r = sum_t p[r, t] V[t], eight output dimensions at a time, four rows at a time.
+// Where row r cannot see key t its weight stays 0.
+at::Tensor paged_attention(const at::Tensor& q_in, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                           const at::Tensor& tables_in, const at::Tensor& context_lens,
+                           const at::Tensor& query_starts, const at::Tensor& query_lens, double scale) {
+  check_float(q_in, "q");
+  check_float(k_cache, "k_cache");
+  check_float(v_cache, "v_cache");
+  const at::Tensor q = q_in.contiguous(), tables = tables_in.contiguous();
+  const int64_t S = context_lens.size(0), H = q.size(1), Dh = q.size(2);
+  const int64_t block_size = k_cache.size(1), KVH = k_cache.size(2), G = H / KVH, max_blocks = tables.size(1);
+  TORCH_CHECK(H % KVH == 0, "paged_attention: query heads must be a multiple of K/V heads");
+  at::Tensor out = at::empty_like(q);
+  const float* qp = q.data_ptr<float>();
+  const float* kp = k_cache.data_ptr<float>();
+  const float* vp = v_cache.data_ptr<float>();
+  const int64_t* tp = tables.data_ptr<int64_t>();
+  const int64_t* np_ = context_lens.data_ptr<int64_t>();
+  const int64_t* first_row = query_starts.data_ptr<int64_t>();
+  const int64_t* mp = query_lens.data_ptr<int64_t>();
+  float* op = out.data_ptr<float>();
+  const int64_t token_stride = KVH * Dh, block_stride = block_size * KVH * Dh;
+  const float sc = static_cast<float>(scale);
+
+  at::parallel_for(0, S * KVH, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> qs, scores;
+    std::vector<const float*> keys, values;
+    for (int64_t job = begin; job < end; ++job) {
+      const int64_t s = job / KVH, kv_head = job % KVH;
+      const int64_t n = np_[s], m = mp[s], past = n - m, R = m * G;  // row r = j * G + g
+      const int64_t* table = tp + s * max_blocks;
+      keys.resize(n);
+      values.resize(n);
+      for (int64_t t = 0; t < n; ++t) {  // where key t lies: block table[t / block_size], row t % block_size
+        const int64_t at = table[t / block_size] * block_stride + (t % block_size) * token_stride + kv_head * Dh;
+        keys[t] = kp + at;
+        values[t] = vp + at;
+      }
+      qs.resize(R * Dh);  // the job's query rows, scaled, side by side
+      for (int64_t r = 0; r < R; ++r) {
+        const float* src = qp + ((first_row[s] + r / G) * H + kv_head * G + r % G) * Dh;
+        for (int64_t d = 0; d < Dh; ++d) qs[r * Dh + d] = src[d] * sc;
+      }
+      scores.assign(R * n, 0.f);
+      for (int64_t r = 0; r < R; ++r) {
+        const float* qr = qs.data() + r * Dh;
+        float* row = scores.data() + r * n;
+        const int64_t seen = past + r / G + 1;
+        int64_t t = 0;
+#ifdef MINIPAGED_AVX2
+        if (Dh % 8 == 0) {
+          for (; t + 8 <= seen; t += 8) {  // 1. eight keys at a time
+            __m256 acc[8];
+            for (int i = 0; i < 8; ++i) acc[i] = _mm256_setzero_ps();
+            for (int64_t d = 0; d < Dh; d += 8) {
+              const __m256 qv = _mm256_loadu_ps(qr + d);
+              for (int i = 0; i < 8; ++i) acc[i] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(keys[t + i] + d), acc[i]);
+            }
+            _mm256_storeu_ps(row + t, hsum8(acc));
+          }
+        }
+#endif
+        for (; t < seen; ++t) row[t] = dot(qr, keys[t], Dh);
+        // 2. softmax over the seen keys
+        const float best = *std::max_element(row, row + seen);
+        float total = 0.f;
+        t = 0;
+#ifdef MINIPAGED_AVX2
+        __m256 sum8 = _mm256_setzero_ps();
+        for (; t + 8 <= seen; t += 8) {
+          const __m256 e = exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(row + t), _mm256_set1_ps(best)));
+          _mm256_storeu_ps(row + t, e);
+          sum8 = _mm256_add_ps(sum8, e);
+        }
+        total = hsum(sum8);
+#endif
+        for (; t < seen; ++t) total += (row[t] = std::exp(row[t] - best));
+        const float inv = 1.f / total;
+        for (t = 0; t < seen; ++t) row[t] *= inv;
+      }
+      // 3. out_r = sum_t p[r, t] V[t]
+      for (int64_t r0 = 0; r0 < R; r0 += 4) {
+        const int64_t rows = std::min<int64_t>(4, R - r0);
+        const int64_t last = past + (r0 + rows - 1) / G + 1;  // keys any of these rows sees
+        float* dst[4];
+        for (int64_t i = 0; i < rows; ++i) {
+          const int64_t r = r0 + i;
+          dst[i] = op + ((first_row[s] + r / G) * H + kv_head * G + r % G) * Dh;
+        }
+        int64_t d = 0;
+#ifdef MINIPAGED_AVX2
+        for (; d + 8 <= Dh; d += 8) {
+          __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+          for (int64_t t = 0; t < last; ++t) {
+            const __m256 v = _mm256_loadu_ps(values[t] + d);
+            for (int64_t i = 0; i < rows; ++i)
+              acc[i] = _mm256_fmadd_ps(_mm256_set1_ps(scores[(r0 + i) * n + t]), v, acc[i]);
+          }
+          for (int64_t i = 0; i < rows; ++i) _mm256_storeu_ps(dst[i] + d, acc[i]);
+        }
+#endif
+        for (; d < Dh; ++d)
+          for (int64_t i = 0; i < rows; ++i) {
+            float acc = 0.f;
+            for (int64_t t = 0; t < last; ++t) acc += scores[(r0 + i) * n + t] * values[t][d];
+            dst[i][d] = acc;
+          }
+      }
+    }
+  });
+  return out;
+}
+
+TORCH_LIBRARY(minipaged, m) {
+  m.def("rms_norm", &rms_norm);
+  m.def("rotary", &rotary);
+  m.def("silu_and_mul", &silu_and_mul);
+  m.def("blocked_linear", &blocked_linear);
+  m.def("small_linear", &small_linear);
+  m.def("write_kv(Tensor k, Tensor v, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor slots) -> ()", &write_kv);
+  m.def("paged_attention", &paged_attention);
+}

@@ -1,0 +1,93 @@
+"""Compiled CPU kernels for the model's small operations (minipaged/csrc/cpu_ops.cpp), and the switch
+that lets a forward pass use them.
+
+Why they exist: at one sequence, a decode step spends more of its time dispatching PyTorch calls than
+computing (an RMSNorm is seven calls, RoPE nine, each a few microseconds, 30 layers deep). Each kernel
+is the same math as a few lines of model/llama.py in one call; those lines stay, and are the oracle
+the kernels are tested against (tests/ch00_the_kv_cache/test_cpu_kernels.py).
+
+    with kernels.enabled():        # the engine's model runner wraps each forward pass in this
+        logits = model(...)
+    if kernels.use(x): ...         # inside the model: run x's operation compiled?
+    kernels.ops()                  # torch.ops.minipaged, or None when the kernels could not be built
+
+The first ``ops()`` in a process compiles the C++ file with the machine's C++ compiler (about 20 s,
+once per machine; the library is kept under MINIPAGED_CACHE, default ~/.cache/minipaged, keyed by the
+source, the flags, the Python and the torch version) and loads it. Without a compiler, or if anything
+in the build fails, it warns once and every operation takes the PyTorch path: slower, same results.
+A model called outside ``enabled()`` (a test, a notebook, HF comparisons) always runs plain PyTorch.
+
+Not handled: dtypes other than float32 and tensors off the CPU (``use`` says no; the PyTorch path runs).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import platform
+import sys
+import warnings
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).resolve().parent.parent / "csrc" / "cpu_ops.cpp"
+# -march=native: the vector instructions of the machine that builds it (AVX2 and FMA here), which is the
+# machine that runs it. -fopenmp: at::parallel_for then runs on PyTorch's OpenMP threads (the library
+# loads the OpenMP runtime torch has already loaded, not a second one).
+CFLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-fopenmp"]
+
+_enabled = False
+
+
+@contextlib.contextmanager
+def enabled(on: bool = True):
+    """Within this block the model runs its small operations through the compiled kernels (when they built)."""
+    global _enabled
+    before, _enabled = _enabled, on
+    try:
+        yield
+    finally:
+        _enabled = before
+
+
+def use(x: torch.Tensor) -> bool:
+    """Whether the operation on ``x`` should run compiled: kernels switched on, built, and x float32 on the CPU."""
+    return _enabled and x.dtype == torch.float32 and x.device.type == "cpu" and ops() is not None
+
+
+def build_dir() -> Path:
+    from minipaged.model.fetch import cache_dir
+
+    key = hashlib.sha256(SOURCE.read_bytes() + " ".join(CFLAGS).encode() + sys.version.encode()
+                         + torch.__version__.encode() + platform.machine().encode()).hexdigest()[:16]
+    return cache_dir() / "cpu_ops" / key
+
+
+@functools.cache
+def ops():
+    """torch.ops.minipaged with the kernels registered, built on first use; None when they cannot be built."""
+    if _registered():  # loaded earlier in this process (a library registers its names once per process)
+        return torch.ops.minipaged
+    try:
+        from torch.utils import cpp_extension
+
+        where = build_dir()
+        where.mkdir(parents=True, exist_ok=True)
+        if not list(where.glob("*.so")):
+            print(f"minipaged: compiling the CPU kernels ({SOURCE.name}), once per machine, about 20 s ...",
+                  file=sys.stderr, flush=True)
+        cpp_extension.load(name="minipaged_cpu_ops", sources=[str(SOURCE)], build_directory=str(where),
+                           extra_cflags=CFLAGS, extra_ldflags=["-fopenmp"], is_python_module=False, verbose=False)
+        return torch.ops.minipaged
+    except Exception as err:  # no compiler, no ninja, a failed build: the PyTorch path still works
+        warnings.warn(f"minipaged: the compiled CPU kernels are not available ({type(err).__name__}: "
+                      f"{str(err).strip().splitlines()[-1] if str(err).strip() else ''}); the model runs its "
+                      "PyTorch code instead, with the same results, more slowly. They need a C++ compiler "
+                      "(apt-get install g++) and ninja (pip install ninja).", RuntimeWarning, stacklevel=2)
+        return None
+
+
+def _registered() -> bool:
+    return hasattr(torch.ops.minipaged, "paged_attention")

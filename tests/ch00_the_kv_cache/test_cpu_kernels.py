@@ -1,0 +1,149 @@
+"""The compiled CPU kernels (minipaged/csrc/cpu_ops.cpp, model/kernels.py) against the PyTorch code
+they replace, which stays in model/llama.py as their oracle: each operation alone, a whole forward
+pass, and the engine's greedy tokens. Then what happens when the kernels cannot be built."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from minipaged import LLM, SamplingParams
+from minipaged.model import kernels
+from minipaged.model.config import SMOLLM2_135M, TINY
+from minipaged.model.llama import MLP, Linear, RMSNorm, Rotary, random_model
+
+ops = kernels.ops()
+pytestmark = pytest.mark.skipif(ops is None, reason="the CPU kernels did not build here (no C++ compiler?)")
+
+
+def both(fn):
+    """fn() through the PyTorch code, then through the kernels."""
+    want = fn()
+    with kernels.enabled():
+        got = fn()
+    return want, got
+
+
+@pytest.mark.parametrize("rows", [1, 5, 40])
+def test_rms_norm(rows):
+    norm = RMSNorm(576, 1e-5)
+    torch.nn.init.normal_(norm.weight)
+    x = torch.randn(rows, 576) * 3
+    want, got = both(lambda: norm(x))
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("head_dim", [16, 64])
+def test_rotary_on_a_strided_slice_of_qkv(head_dim):
+    rotary = Rotary(head_dim, 10000.0)
+    cos, sin = rotary.angles(torch.tensor([0, 7, 300, 4095]))
+    qkv = torch.randn(4, 9 + 2 * 3, head_dim)
+    x = qkv[:, :12]  # q and k, as the model rotates them: rows 15 heads apart
+    want, got = both(lambda: Rotary.rotate(x, cos, sin))
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert got.shape == (4, 12, head_dim)
+
+
+def test_silu_and_mul():
+    mlp = MLP(TINY)
+    x = torch.randn(6, TINY.hidden_size)
+    want, got = both(lambda: mlp(x))
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    gate_up = torch.randn(3, 20) * 30  # large negative gates: silu goes to -0, not NaN
+    gate, up = gate_up.split(10, dim=-1)
+    torch.testing.assert_close(ops.silu_and_mul(gate_up), F.silu(gate) * up, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 8, Linear.SMALL_ROWS, Linear.SMALL_ROWS + 1, Linear.SPLIT_ROWS + 1])
+@pytest.mark.parametrize("shape", [(960, 576), (81, 64), (7, 12)])  # (out, in): tails in both, and no tiling
+def test_linear_at_every_row_count(rows, shape):
+    layer = Linear(shape[1], shape[0])
+    torch.nn.init.normal_(layer.weight)
+    x = torch.randn(rows, shape[1])
+    want, got = both(lambda: layer(x))
+    torch.testing.assert_close(got, F.linear(x, layer.weight), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_blocked_linear_is_the_same_calls_from_cpp():
+    weight, x = torch.randn(80, 48), torch.randn(40, 48)
+    blocks = weight.view(2, 40, 48).transpose(1, 2)
+    want = torch.bmm(x.expand(2, 40, 48), blocks).transpose(0, 1).reshape(40, 80)
+    assert torch.equal(ops.blocked_linear(x, weight, 2), want)
+
+
+def test_write_kv_stores_rows_in_their_slots_and_checks_them():
+    k_cache, v_cache = torch.zeros(4, 2, 3, 8), torch.zeros(4, 2, 3, 8)
+    k, v = torch.randn(3, 3, 8), torch.randn(3, 3, 8)
+    slots = torch.tensor([5, 0, 6])
+    ops.write_kv(k, v, k_cache, v_cache, slots)
+    want_k, want_v = torch.zeros(8, 3, 8), torch.zeros(8, 3, 8)
+    want_k.index_copy_(0, slots, k)
+    want_v.index_copy_(0, slots, v)
+    assert torch.equal(k_cache.view(8, 3, 8), want_k) and torch.equal(v_cache.view(8, 3, 8), want_v)
+    with pytest.raises(RuntimeError, match="slot out of range"):
+        ops.write_kv(k, v, k_cache, v_cache, torch.tensor([1, 8, 2]))
+
+
+@pytest.mark.parametrize("cfg", [TINY, SMOLLM2_135M], ids=["tiny", "smollm2-shapes"])
+def test_a_whole_forward_pass_gives_the_same_logits(cfg):
+    """Prefill then decodes through a paged cache, with the model's real shapes (random weights)."""
+    from minipaged.kv.paged_cache import PagedBatch, PagedKVCache
+
+    model = random_model(cfg if cfg is TINY else cfg.__class__(**{**cfg.__dict__, "num_layers": 3}))
+    logits = {}
+    for on in (False, True):
+        cache = PagedKVCache(model.config, num_blocks=8, block_size=4)
+        prompt = torch.tensor([3, 1, 4, 1, 5, 9, 2])
+        with kernels.enabled(on):
+            batch = PagedBatch(cache, list(range(7)), [[0, 1]], [7], [7], backend="cpu")
+            first = model(prompt, torch.arange(7), batch, logits_rows=torch.tensor([6]))
+            batch = PagedBatch(cache, [7], [[0, 1]], [8], [1], backend="cpu")
+            second = model(torch.tensor([6]), torch.tensor([7]), batch)
+        logits[on] = torch.cat([first, second])
+    torch.testing.assert_close(logits[True], logits[False], rtol=1e-4, atol=1e-4)
+
+
+def test_engine_tokens_are_the_same_with_and_without_kernels():
+    prompts = [[1, 2, 3], [7, 8, 9, 10, 11, 12], [42] * 20, list(range(30, 70))]
+    greedy = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
+    outs = {}
+    for on in (False, True):
+        llm = LLM("tiny", cpu_kernels=on, attention_backend="cpu" if on else "torch", kv_capacity_tokens=96,
+                  block_size=4, max_model_len=96, progress=False)
+        outs[on] = [o.outputs[0].token_ids for o in llm.generate(prompts, greedy, use_tqdm=False)]
+    assert outs[True] == outs[False]
+
+
+def test_the_kernels_run_only_inside_enabled_and_only_for_float32():
+    x = torch.randn(2, 8)
+    assert not kernels.use(x)
+    with kernels.enabled():
+        assert kernels.use(x) and not kernels.use(x.double()) and not kernels.use(x.bfloat16())
+        with kernels.enabled(False):
+            assert not kernels.use(x)
+        assert kernels.use(x)
+    assert not kernels.use(x)
+
+
+def test_without_a_compiler_the_pytorch_code_runs(monkeypatch, tmp_path):
+    """A build that fails warns once, names what to install, and leaves the model on its PyTorch code;
+    the engine's tokens are unchanged."""
+    broken = tmp_path / "cpu_ops.cpp"
+    broken.write_text("this is not C++\n")
+    monkeypatch.setenv("MINIPAGED_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(kernels, "SOURCE", broken)
+    monkeypatch.setattr(kernels, "_registered", lambda: False)  # as in a process that has not loaded them
+    kernels.ops.cache_clear()
+    try:
+        with pytest.warns(RuntimeWarning, match=r"not available.*apt-get install g\+\+.*pip install ninja"):
+            assert kernels.ops() is None
+        with kernels.enabled():
+            assert not kernels.use(torch.randn(2, 8))
+        greedy = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+        llm = LLM("tiny", progress=False)  # the default: cpu_kernels=True, attention_backend="cpu"
+        got = [o.outputs[0].token_ids for o in llm.generate([[1, 2, 3], [5] * 9], greedy, use_tqdm=False)]
+    finally:
+        kernels.ops.cache_clear()
+    want = [o.outputs[0].token_ids for o in LLM("tiny", cpu_kernels=False, attention_backend="torch", progress=False)
+            .generate([[1, 2, 3], [5] * 9], greedy, use_tqdm=False)]
+    assert got == want

@@ -58,6 +58,38 @@ inline float dot(const float* a, const float* b, int64_t n) {
   return sum;
 }
 
+
+#ifdef MINIPAGED_AVX2
+// exp of 8 floats at once, x <= 0 (a score minus its row's maximum, or -|gate| in silu): exp(x) = 2^k exp(r) with
+// k = round(x / ln 2) and |r| <= ln(2) / 2, exp(r) by its Taylor series to r^6 (error below 1e-7,
+// a float's own rounding). Below -87 the result is a tiny float instead of 0, which a sum of at least 1
+// (the maximum's own term) cannot notice.
+inline __m256 exp_nonpositive(__m256 x) {
+  x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+  const __m256 k = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(k, _mm256_set1_ps(0.693145752f), x);  // ln 2 in two parts, for accuracy
+  r = _mm256_fnmadd_ps(k, _mm256_set1_ps(1.42860677e-6f), r);
+  __m256 p = _mm256_set1_ps(1.f / 720);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 120));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 24));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 6));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f));
+  const __m256i two_k = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(two_k));
+}
+
+// the sums of eight vectors, as one vector: lane i = the sum of a[i]'s 8 floats
+inline __m256 hsum8(const __m256* a) {
+  const __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+  const __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
+  return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+#endif
+
 }  // namespace
 
 // RMSNorm: y = x / sqrt(mean(x²) + eps) * weight, row by row.   x [T, D], weight [D] -> [T, D]
@@ -109,7 +141,8 @@ at::Tensor rotary(const at::Tensor& x, const at::Tensor& cos_in, const at::Tenso
   return y;
 }
 
-// SwiGLU's middle: silu(gate) * up, where gate_up = [gate | up].   gate_up [T, 2F] -> [T, F]
+// SwiGLU's middle: silu(gate) * up, where gate_up = [gate | up] and silu(g) = g * sigmoid(g).
+//   gate_up [T, 2F] -> [T, F]
 at::Tensor silu_and_mul(const at::Tensor& gate_up_in) {
   check_float(gate_up_in, "gate_up");
   const at::Tensor gate_up = gate_up_in.contiguous();
@@ -117,11 +150,24 @@ at::Tensor silu_and_mul(const at::Tensor& gate_up_in) {
   at::Tensor y = at::empty({T, F}, gate_up.options());
   const float* gp = gate_up.data_ptr<float>();
   float* yp = y.data_ptr<float>();
-  at::parallel_for(0, T * F, 4096, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      const int64_t t = i / F, f = i % F;
-      const float g = gp[t * 2 * F + f];
-      yp[i] = g / (1.f + std::exp(-g)) * gp[t * 2 * F + F + f];
+  at::parallel_for(0, T, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const float* gate = gp + t * 2 * F;
+      const float* up = gate + F;
+      float* out = yp + t * F;
+      int64_t f = 0;
+#ifdef MINIPAGED_AVX2
+      // sigmoid(g) from e = exp(-|g|), which cannot overflow: 1 / (1 + e) for g >= 0, e / (1 + e) below
+      const __m256 one = _mm256_set1_ps(1.f), sign = _mm256_set1_ps(-0.f);
+      for (; f + 8 <= F; f += 8) {
+        const __m256 g = _mm256_loadu_ps(gate + f);
+        const __m256 e = exp_nonpositive(_mm256_or_ps(g, sign));  // exp(-|g|)
+        const __m256 numer = _mm256_blendv_ps(one, e, g);  // the sign bit of g picks e
+        const __m256 sig = _mm256_div_ps(numer, _mm256_add_ps(one, e));
+        _mm256_storeu_ps(out + f, _mm256_mul_ps(_mm256_mul_ps(g, sig), _mm256_loadu_ps(up + f)));
+      }
+#endif
+      for (; f < F; ++f) out[f] = gate[f] / (1.f + std::exp(-gate[f])) * up[f];
     }
   });
   return y;
@@ -224,39 +270,53 @@ void write_kv(const at::Tensor& k_in, const at::Tensor& v_in, const at::Tensor& 
   }
 }
 
+
+// dst[i] = sum_t p[i * n + t] * values[t] for ROWS rows, over t < last.   values[t] -> [Dh]
+//
+// A cache line of V (16 floats) at a time, two keys per step, each row's sums in four registers: twelve
+// independent sums for three rows, enough that the CPU never waits on one multiply-add to start the next
+template <int ROWS>
+inline void weighted_sum(const float* const* values, const float* p, int64_t n, int64_t last, int64_t Dh,
+                         float* const* dst) {
+  int64_t d = 0;
 #ifdef MINIPAGED_AVX2
-namespace {
-
-// exp of 8 floats at once, x <= 0 (a score minus its row's maximum): exp(x) = 2^k exp(r) with
-// k = round(x / ln 2) and |r| <= ln(2) / 2, exp(r) by its Taylor series to r^6 (error below 1e-7,
-// a float's own rounding). Below -87 the result is a tiny float instead of 0, which a sum of at least 1
-// (the maximum's own term) cannot notice.
-inline __m256 exp_nonpositive(__m256 x) {
-  x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
-  const __m256 k = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(k, _mm256_set1_ps(0.693145752f), x);  // ln 2 in two parts, for accuracy
-  r = _mm256_fnmadd_ps(k, _mm256_set1_ps(1.42860677e-6f), r);
-  __m256 p = _mm256_set1_ps(1.f / 720);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 120));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 24));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 6));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f));
-  const __m256i two_k = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(p, _mm256_castsi256_ps(two_k));
-}
-
-// the sums of eight vectors, as one vector: lane i = the sum of a[i]'s 8 floats
-inline __m256 hsum8(const __m256* a) {
-  const __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
-  const __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
-  return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
-}
-
-}  // namespace
+  for (; d + 16 <= Dh; d += 16) {
+    __m256 acc[ROWS][4];  // [row][low half, high half] x [even key, odd key]
+    for (int i = 0; i < ROWS; ++i)
+      for (int c = 0; c < 4; ++c) acc[i][c] = _mm256_setzero_ps();
+    int64_t t = 0;
+    for (; t + 2 <= last; t += 2) {
+      const __m256 a0 = _mm256_loadu_ps(values[t] + d), a1 = _mm256_loadu_ps(values[t] + d + 8);
+      const __m256 b0 = _mm256_loadu_ps(values[t + 1] + d), b1 = _mm256_loadu_ps(values[t + 1] + d + 8);
+      for (int i = 0; i < ROWS; ++i) {
+        const __m256 wa = _mm256_set1_ps(p[i * n + t]), wb = _mm256_set1_ps(p[i * n + t + 1]);
+        acc[i][0] = _mm256_fmadd_ps(wa, a0, acc[i][0]);
+        acc[i][1] = _mm256_fmadd_ps(wa, a1, acc[i][1]);
+        acc[i][2] = _mm256_fmadd_ps(wb, b0, acc[i][2]);
+        acc[i][3] = _mm256_fmadd_ps(wb, b1, acc[i][3]);
+      }
+    }
+    if (t < last) {
+      const __m256 a0 = _mm256_loadu_ps(values[t] + d), a1 = _mm256_loadu_ps(values[t] + d + 8);
+      for (int i = 0; i < ROWS; ++i) {
+        const __m256 wa = _mm256_set1_ps(p[i * n + t]);
+        acc[i][0] = _mm256_fmadd_ps(wa, a0, acc[i][0]);
+        acc[i][1] = _mm256_fmadd_ps(wa, a1, acc[i][1]);
+      }
+    }
+    for (int i = 0; i < ROWS; ++i) {
+      _mm256_storeu_ps(dst[i] + d, _mm256_add_ps(acc[i][0], acc[i][2]));
+      _mm256_storeu_ps(dst[i] + d + 8, _mm256_add_ps(acc[i][1], acc[i][3]));
+    }
+  }
 #endif
+  for (; d < Dh; ++d)
+    for (int i = 0; i < ROWS; ++i) {
+      float sum = 0.f;
+      for (int64_t t = 0; t < last; ++t) sum += p[i * n + t] * values[t][d];
+      dst[i][d] = sum;
+    }
+}
 
 // Attention of short queries (decodes, chapter 09's drafts) over the paged cache, reading K and V
 // where they lie: no gathered copy.
@@ -308,6 +368,16 @@ at::Tensor paged_attention(const at::Tensor& q_in, const at::Tensor& k_cache, co
         keys[t] = kp + at;
         values[t] = vp + at;
       }
+#ifdef MINIPAGED_AVX2
+      // ask for every K and V row of the job now: the rows lie 16 to a block, blocks anywhere in the
+      // pool, a pattern the CPU's own prefetcher does not follow far ahead; many requests in flight at
+      // once hide the memory's latency (K into the nearest cache, V, read last, into the next one)
+      for (int64_t t = 0; t < n; ++t)
+        for (int64_t d = 0; d < Dh; d += 16) {
+          _mm_prefetch(reinterpret_cast<const char*>(keys[t] + d), _MM_HINT_T0);
+          _mm_prefetch(reinterpret_cast<const char*>(values[t] + d), _MM_HINT_T1);
+        }
+#endif
       qs.resize(R * Dh);  // the job's query rows, scaled, side by side
       for (int64_t r = 0; r < R; ++r) {
         const float* src = qp + ((first_row[s] + r / G) * H + kv_head * G + r % G) * Dh;
@@ -350,33 +420,19 @@ at::Tensor paged_attention(const at::Tensor& q_in, const at::Tensor& k_cache, co
         const float inv = 1.f / total;
         for (t = 0; t < seen; ++t) row[t] *= inv;
       }
-      // 3. out_r = sum_t p[r, t] V[t]
-      for (int64_t r0 = 0; r0 < R; r0 += 4) {
-        const int64_t rows = std::min<int64_t>(4, R - r0);
+      // 3. out_r = sum_t p[r, t] V[t], three rows at a time
+      for (int64_t r0 = 0; r0 < R; r0 += 3) {
+        const int64_t rows = std::min<int64_t>(3, R - r0);
         const int64_t last = past + (r0 + rows - 1) / G + 1;  // keys any of these rows sees
-        float* dst[4];
+        float* dst[3];
         for (int64_t i = 0; i < rows; ++i) {
           const int64_t r = r0 + i;
           dst[i] = op + ((first_row[s] + r / G) * H + kv_head * G + r % G) * Dh;
         }
-        int64_t d = 0;
-#ifdef MINIPAGED_AVX2
-        for (; d + 8 <= Dh; d += 8) {
-          __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-          for (int64_t t = 0; t < last; ++t) {
-            const __m256 v = _mm256_loadu_ps(values[t] + d);
-            for (int64_t i = 0; i < rows; ++i)
-              acc[i] = _mm256_fmadd_ps(_mm256_set1_ps(scores[(r0 + i) * n + t]), v, acc[i]);
-          }
-          for (int64_t i = 0; i < rows; ++i) _mm256_storeu_ps(dst[i] + d, acc[i]);
-        }
-#endif
-        for (; d < Dh; ++d)
-          for (int64_t i = 0; i < rows; ++i) {
-            float acc = 0.f;
-            for (int64_t t = 0; t < last; ++t) acc += scores[(r0 + i) * n + t] * values[t][d];
-            dst[i][d] = acc;
-          }
+        const float* p = scores.data() + r0 * n;
+        if (rows == 3) weighted_sum<3>(values.data(), p, n, last, Dh, dst);
+        else if (rows == 2) weighted_sum<2>(values.data(), p, n, last, Dh, dst);
+        else weighted_sum<1>(values.data(), p, n, last, Dh, dst);
       }
     }
   });

@@ -82,8 +82,10 @@ def ops():
                            extra_cflags=CFLAGS, extra_ldflags=["-fopenmp"], is_python_module=False, verbose=False)
         return torch.ops.minipaged
     except Exception as err:  # no compiler, no ninja, a failed build: the PyTorch path still works
+        lines = str(err).strip().splitlines() or [""]
+        why = next((line for line in lines if "error" in line), lines[-1])  # the compiler's first error
         warnings.warn(f"minipaged: the compiled CPU kernels are not available ({type(err).__name__}: "
-                      f"{str(err).strip().splitlines()[-1] if str(err).strip() else ''}); the model runs its "
+                      f"{why.strip()}); the model runs its "
                       "PyTorch code instead, with the same results, more slowly. They need a C++ compiler "
                       "(apt-get install g++) and ninja (pip install ninja).", RuntimeWarning, stacklevel=2)
         return None

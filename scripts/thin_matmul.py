@@ -6,7 +6,9 @@ For SmolLM2-135M's shapes (30 layers of qkv, o, gate-up and down projections, wi
 far larger than the caches, plus the vocabulary projection), it times, alternated and best of
 several tries: the four projections of all 30 layers as plain ``F.linear`` with two threads and with
 one, the same weights summed (a read-bandwidth yardstick), and, at each row count, ``F.linear``
-against one ``torch.bmm`` over the weight's two row blocks (``Linear``'s blocked product).
+against one ``torch.bmm`` over the weight's two row blocks (``Linear``'s blocked product) and against
+the compiled product the engine uses for up to 32 rows (``small_linear``, model/kernels.py), when it
+is built.
 
 Not handled: other models' shapes; more than two threads (the course's machine has two cores).
 """
@@ -19,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from minipaged.bench.roofline import best_time
+from minipaged.model import kernels
 from minipaged.model.llama import Linear
 
 SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)]  # [out, in] of one layer's projections
@@ -46,6 +49,7 @@ def main(argv=None) -> int:
     nbytes = sum(w.numel() * 4 for layer in layers for w in layer)
     one = {i: torch.randn(1, i) for _, i in SHAPES}
     before = torch.get_num_threads()
+    compiled = kernels.ops().small_linear if kernels.ops() is not None else None
     with torch.inference_mode():
         print(f"the 30 layers' projections at one row ({nbytes / 1e6:.0f} MB of weights):")
         for threads in (2, 1):
@@ -63,11 +67,19 @@ def main(argv=None) -> int:
                      "layers blocked": lambda xs=xs: [m(xs[m.in_features]) for layer in split_layers for m in layer],
                      "vocab F.linear": lambda xv=xv: F.linear(xv, vocab),
                      "vocab blocked": lambda xv=xv: split_vocab(xv)}
+            if compiled is not None:
+                cases["layers compiled"] = lambda xs=xs: [compiled(xs[w.shape[1]], w)
+                                                          for layer in layers for w in layer]
+                cases["vocab compiled"] = lambda xv=xv: compiled(xv, vocab)
             got = {k: float("inf") for k in cases}
             for _ in range(2):
                 for k, fn in cases.items():
                     got[k] = min(got[k], best_time(fn, 5))
             print(f"  {rows:4} rows: " + "  ".join(f"{k} {v * 1e3:7.2f} ms" for k, v in got.items()))
+            if rows == 1:
+                rates = {k: nbytes / got[f"layers {k}"] / 1e9 for k in ("blocked", "compiled") if f"layers {k}" in got}
+                print("         (one row: the 30 layers stream at "
+                      + ", ".join(f"{v:.1f} GB/s {k}" for k, v in rates.items()) + ")")
     torch.set_num_threads(before)
     return 0
 

@@ -191,23 +191,30 @@ inline __m128 hsum4(__m256 a, __m256 b, __m256 c, __m256 d) {
   return _mm_add_ps(_mm256_castps256_ps128(u), _mm256_extractf128_ps(u, 1));
 }
 
-// y[t0 .. t0 + TT, j .. j + 4] = x[t0 .. t0 + TT] · W[j .. j + 4]ᵀ, with the 4 x TT sums in registers:
-// each weight chunk loaded once serves TT rows, each x chunk serves 4 weight rows
+// y[t0 .. t0 + TT, j .. j + 3] = x[t0 .. t0 + TT] · W[j .. j + 3]ᵀ, with the TT x 3 sums in registers:
+// each weight chunk loaded once serves TT rows of x, each x chunk serves three weight rows. With TT = 4
+// that is 12 sums, 3 weight chunks and 1 x chunk: the sixteen vector registers AVX2 has
 template <int TT>
 inline void tile(const float* x, const float* w, int64_t in, int64_t out, int64_t t0, int64_t j, float* y) {
-  __m256 acc[TT][4];
+  __m256 acc[TT][3];
   for (int t = 0; t < TT; ++t)
-    for (int r = 0; r < 4; ++r) acc[t][r] = _mm256_setzero_ps();
+    for (int r = 0; r < 3; ++r) acc[t][r] = _mm256_setzero_ps();
   const float* w0 = w + j * in;
   for (int64_t i = 0; i < in; i += 8) {
-    const __m256 wv[4] = {_mm256_loadu_ps(w0 + i), _mm256_loadu_ps(w0 + in + i), _mm256_loadu_ps(w0 + 2 * in + i),
-                          _mm256_loadu_ps(w0 + 3 * in + i)};
+    const __m256 wv[3] = {_mm256_loadu_ps(w0 + i), _mm256_loadu_ps(w0 + in + i), _mm256_loadu_ps(w0 + 2 * in + i)};
     for (int t = 0; t < TT; ++t) {
       const __m256 xv = _mm256_loadu_ps(x + (t0 + t) * in + i);
-      for (int r = 0; r < 4; ++r) acc[t][r] = _mm256_fmadd_ps(wv[r], xv, acc[t][r]);
+      for (int r = 0; r < 3; ++r) acc[t][r] = _mm256_fmadd_ps(wv[r], xv, acc[t][r]);
     }
   }
-  for (int t = 0; t < TT; ++t) _mm_storeu_ps(y + (t0 + t) * out + j, hsum4(acc[t][0], acc[t][1], acc[t][2], acc[t][3]));
+  for (int t = 0; t < TT; ++t) {
+    float sums[4];
+    _mm_storeu_ps(sums, hsum4(acc[t][0], acc[t][1], acc[t][2], _mm256_setzero_ps()));
+    float* dst = y + (t0 + t) * out + j;  // three floats: the next three columns may be another thread's
+    dst[0] = sums[0];
+    dst[1] = sums[1];
+    dst[2] = sums[2];
+  }
 }
 
 }  // namespace
@@ -217,8 +224,8 @@ inline void tile(const float* x, const float* w, int64_t in, int64_t out, int64_
 //
 // At one row the product does two FLOPs per weight it reads, so its speed is how fast the weights
 // stream in from memory, and MKL runs it well below the machine's read bandwidth (see
-// scripts/thin_matmul.py). This loop reads the weight once, in order, four rows at a time, and
-// multiplies each piece by up to three rows of x while it is in registers; the output columns are
+// scripts/thin_matmul.py). This loop reads the weight once, in order, three rows at a time, and
+// multiplies each piece by up to four rows of x while it is in registers; the output columns are
 // split over the threads. Shapes it does not tile (no AVX2, `in` not a multiple of 8) go to at::linear.
 at::Tensor small_linear(const at::Tensor& x_in, const at::Tensor& weight) {
   check_float(x_in, "x");
@@ -231,17 +238,25 @@ at::Tensor small_linear(const at::Tensor& x_in, const at::Tensor& weight) {
     const float* xp = x.data_ptr<float>();
     const float* wp = w.data_ptr<float>();
     float* yp = y.data_ptr<float>();
-    at::parallel_for(0, (out + 3) / 4, 8, [&](int64_t begin, int64_t end) {
+    at::parallel_for(0, (out + 2) / 3, 8, [&](int64_t begin, int64_t end) {
       for (int64_t group = begin; group < end; ++group) {
-        const int64_t j = group * 4;
-        if (j + 4 > out) {  // the last few weight rows, one at a time
+        const int64_t j = group * 3;
+        if (j + 3 > out) {  // the last one or two weight rows, one at a time
           for (int64_t jj = j; jj < out; ++jj)
             for (int64_t t = 0; t < T; ++t) yp[t * out + jj] = dot(wp + jj * in, xp + t * in, in);
           continue;
         }
+        if (j + 6 <= end * 3 && T > 4)  // the next group's weight rows, on their way while this one computes
+          for (int64_t at = (j + 3) * in; at < (j + 6) * in; at += 16)
+            _mm_prefetch(reinterpret_cast<const char*>(wp + at), _MM_HINT_T0);
         int64_t t = 0;
-        for (; t + 3 <= T; t += 3) tile<3>(xp, wp, in, out, t, j, yp);
-        for (; t < T; ++t) tile<1>(xp, wp, in, out, t, j, yp);
+        for (; t + 4 <= T; t += 4) tile<4>(xp, wp, in, out, t, j, yp);
+        switch (T - t) {  // the last rows of x
+          case 3: tile<3>(xp, wp, in, out, t, j, yp); break;
+          case 2: tile<2>(xp, wp, in, out, t, j, yp); break;
+          case 1: tile<1>(xp, wp, in, out, t, j, yp); break;
+          default: break;
+        }
       }
     });
     return y;

@@ -11,10 +11,11 @@ the kernels are tested against (tests/ch00_the_kv_cache/test_cpu_kernels.py).
     if kernels.use(x): ...         # inside the model: run x's operation compiled?
     kernels.ops()                  # torch.ops.minipaged, or None when the kernels could not be built
 
-The first ``ops()`` in a process compiles the C++ file with the machine's C++ compiler (about 20 s,
-once per machine; the library is kept under MINIPAGED_CACHE, default ~/.cache/minipaged, keyed by the
-source, the flags, the Python and the torch version) and loads it. Without a compiler, or if anything
-in the build fails, it warns once and every operation takes the PyTorch path: slower, same results.
+The first ``ops()`` on a machine compiles the C++ file with the machine's C++ compiler (about 20 s;
+the library is kept under MINIPAGED_CACHE, default ~/.cache/minipaged, in a folder named by a hash of
+the source, the flags, the Python and the torch version); every later process loads what was built.
+Without a compiler, or if anything in the build fails, it warns once and every operation takes the
+PyTorch path: slower, same results.
 A model called outside ``enabled()`` (a test, a notebook, HF comparisons) always runs plain PyTorch.
 
 Not handled: dtypes other than float32 and tensors off the CPU (``use`` says no; the PyTorch path runs).
@@ -25,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import os
 import platform
 import sys
 import warnings
@@ -71,14 +73,23 @@ def ops():
     if _registered():  # loaded earlier in this process (a library registers its names once per process)
         return torch.ops.minipaged
     try:
+        where = build_dir()
+        library = where / "minipaged_cpu_ops.so"
+        if library.exists() and not (where / "lock").exists():  # built before, and no build under way
+            torch.ops.load_library(str(library))
+            return torch.ops.minipaged
         from torch.utils import cpp_extension
 
-        where = build_dir()
         where.mkdir(parents=True, exist_ok=True)
-        if not list(where.glob("*.so")):
+        source = where / SOURCE.name  # builds name this copy, so every checkout of the same source shares them
+        if not source.exists() or source.read_bytes() != SOURCE.read_bytes():
+            partial = source.with_suffix(f".{os.getpid()}.tmp")
+            partial.write_bytes(SOURCE.read_bytes())
+            partial.replace(source)
+        if not library.exists():
             print(f"minipaged: compiling the CPU kernels ({SOURCE.name}), once per machine, about 20 s ...",
                   file=sys.stderr, flush=True)
-        cpp_extension.load(name="minipaged_cpu_ops", sources=[str(SOURCE)], build_directory=str(where),
+        cpp_extension.load(name="minipaged_cpu_ops", sources=[str(source)], build_directory=str(where),
                            extra_cflags=CFLAGS, extra_ldflags=["-fopenmp"], is_python_module=False, verbose=False)
         return torch.ops.minipaged
     except Exception as err:  # no compiler, no ninja, a failed build: the PyTorch path still works

@@ -156,3 +156,17 @@ def test_without_a_compiler_the_pytorch_code_runs(monkeypatch, tmp_path):
     want = [o.outputs[0].token_ids for o in LLM("tiny", cpu_kernels=False, attention_backend="torch", progress=False)
             .generate([[1, 2, 3], [5] * 9], greedy, use_tqdm=False)]
     assert got == want
+
+
+def test_a_later_process_loads_the_built_library_without_compiling():
+    """Once built, a new process (a test worker, a student's copy of the repository) loads the library
+    as it is: no compiler, no build step, nothing printed."""
+    import subprocess
+    import sys
+
+    assert ops is not None
+    code = ("import sys; from minipaged.model import kernels; assert kernels.ops() is not None; "
+            "assert 'torch.utils.cpp_extension' not in sys.modules, 'went through the build step'")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "compiling" not in done.stderr

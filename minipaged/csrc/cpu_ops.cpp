@@ -95,11 +95,13 @@ inline __m256 hsum8(const __m256* a) {
 // RMSNorm: y = x / sqrt(mean(x²) + eps) * weight, row by row.   x [T, D], weight [D] -> [T, D]
 at::Tensor rms_norm(const at::Tensor& x_in, const at::Tensor& weight, double eps) {
   check_float(x_in, "x");
-  const at::Tensor x = x_in.contiguous();
+  check_float(weight, "weight");
+  const at::Tensor x = x_in.contiguous(), w = weight.contiguous();
   at::Tensor y = at::empty_like(x);
   const int64_t T = x.size(0), D = x.size(1);
+  TORCH_CHECK(w.numel() == D, "rms_norm: weight must have one entry per column of x");
   const float* xp = x.data_ptr<float>();
-  const float* wp = weight.data_ptr<float>();
+  const float* wp = w.data_ptr<float>();
   float* yp = y.data_ptr<float>();
   at::parallel_for(0, T, 16, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
@@ -118,6 +120,7 @@ at::Tensor rotary(const at::Tensor& x, const at::Tensor& cos_in, const at::Tenso
   const int64_t T = x.size(0), N = x.size(1), Dh = x.size(2), half = Dh / 2;
   TORCH_CHECK(x.stride(2) == 1 && x.stride(1) == Dh, "rotary: each row's heads must be contiguous");
   const at::Tensor cos = cos_in.contiguous(), sin = sin_in.contiguous();
+  TORCH_CHECK(cos.numel() == T * Dh && sin.numel() == T * Dh, "rotary: cos and sin must be [T, Dh]");
   at::Tensor y = at::empty({T, N, Dh}, x.options());
   const float* xp = x.data_ptr<float>();
   const float* cp = cos.data_ptr<float>();
@@ -270,9 +273,17 @@ at::Tensor small_linear(const at::Tensor& x_in, const at::Tensor& weight) {
 void write_kv(const at::Tensor& k_in, const at::Tensor& v_in, const at::Tensor& k_cache, const at::Tensor& v_cache,
               const at::Tensor& slots) {
   check_float(k_cache, "k_cache");
+  check_float(v_cache, "v_cache");
+  check_float(k_in, "k");
+  check_float(v_in, "v");
   const at::Tensor k = k_in.contiguous(), v = v_in.contiguous();
   const int64_t T = k.size(0), row = k.size(1) * k.size(2);
   const int64_t num_slots = k_cache.size(0) * k_cache.size(1);
+  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && v.sizes() == k.sizes() &&
+                  k_cache.size(2) * k_cache.size(3) == row && v_cache.sizes() == k_cache.sizes(),
+              "write_kv: k, v [T, KVH, Dh] and contiguous caches [blocks, block_size, KVH, Dh] must agree");
+  TORCH_CHECK(slots.scalar_type() == at::kLong && slots.is_contiguous() && slots.numel() == T,
+              "write_kv: slots must be T contiguous int64 values");
   const int64_t* sp = slots.data_ptr<int64_t>();
   for (int64_t t = 0; t < T; ++t) TORCH_CHECK(sp[t] >= 0 && sp[t] < num_slots, "write_kv: slot out of range");
   const float* kp = k.data_ptr<float>();
@@ -357,6 +368,21 @@ at::Tensor paged_attention(const at::Tensor& q_in, const at::Tensor& k_cache, co
   const int64_t S = context_lens.size(0), H = q.size(1), Dh = q.size(2);
   const int64_t block_size = k_cache.size(1), KVH = k_cache.size(2), G = H / KVH, max_blocks = tables.size(1);
   TORCH_CHECK(H % KVH == 0, "paged_attention: query heads must be a multiple of K/V heads");
+  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && v_cache.sizes() == k_cache.sizes() &&
+                  k_cache.size(3) == Dh, "paged_attention: contiguous caches [blocks, block_size, KVH, Dh]");
+  TORCH_CHECK(tables.scalar_type() == at::kLong && context_lens.scalar_type() == at::kLong &&
+                  query_starts.scalar_type() == at::kLong && query_lens.scalar_type() == at::kLong,
+              "paged_attention: tables and lengths must be int64");
+  for (int64_t s = 0; s < S; ++s) {  // what each job will read, checked before any job starts
+    const int64_t n = context_lens.data_ptr<int64_t>()[s], m = query_lens.data_ptr<int64_t>()[s];
+    const int64_t first = query_starts.data_ptr<int64_t>()[s];
+    TORCH_CHECK(m >= 1 && m <= n && n <= tables.size(1) * block_size && first >= 0 && first + m <= q.size(0),
+                "paged_attention: sequence ", s, " has inconsistent lengths");
+    for (int64_t b = 0; b < (n + block_size - 1) / block_size; ++b) {
+      const int64_t block = tables.data_ptr<int64_t>()[s * tables.size(1) + b];
+      TORCH_CHECK(block >= 0 && block < k_cache.size(0), "paged_attention: block table entry out of range");
+    }
+  }
   at::Tensor out = at::empty_like(q);
   const float* qp = q.data_ptr<float>();
   const float* kp = k_cache.data_ptr<float>();

@@ -29,6 +29,7 @@ import hashlib
 import os
 import platform
 import sys
+import time
 import warnings
 from pathlib import Path
 
@@ -40,6 +41,7 @@ SOURCE = Path(__file__).resolve().parent.parent / "csrc" / "cpu_ops.cpp"
 # loads the OpenMP runtime torch has already loaded, not a second one).
 CFLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-fopenmp"]
 
+STALE_LOCK_SECONDS = 600  # a build takes about 20 s; a lock this old belongs to a build that died
 _enabled = False
 
 
@@ -63,7 +65,7 @@ def build_dir() -> Path:
     from minipaged.model.fetch import cache_dir
 
     key = hashlib.sha256(SOURCE.read_bytes() + " ".join(CFLAGS).encode() + sys.version.encode()
-                         + torch.__version__.encode() + platform.machine().encode()).hexdigest()[:16]
+                         + torch.__version__.encode() + platform.machine().encode() + _cpu_flags()).hexdigest()[:16]
     return cache_dir() / "cpu_ops" / key
 
 
@@ -74,10 +76,15 @@ def ops():
         return torch.ops.minipaged
     try:
         where = build_dir()
-        library = where / "minipaged_cpu_ops.so"
-        if library.exists() and not (where / "lock").exists():  # built before, and no build under way
-            torch.ops.load_library(str(library))
-            return torch.ops.minipaged
+        library, lock = where / "minipaged_cpu_ops.so", where / "lock"
+        if lock.exists() and time.time() - lock.stat().st_mtime > STALE_LOCK_SECONDS:
+            lock.unlink(missing_ok=True)  # left by a build that was killed: nobody would ever release it
+        if library.exists() and not lock.exists():  # built before, and no build under way
+            try:
+                torch.ops.load_library(str(library))
+                return torch.ops.minipaged
+            except OSError:  # a damaged file (a build cut short): build it again
+                library.unlink(missing_ok=True)
         from torch.utils import cpp_extension
 
         where.mkdir(parents=True, exist_ok=True)
@@ -104,3 +111,13 @@ def ops():
 
 def _registered() -> bool:
     return hasattr(torch.ops.minipaged, "paged_attention")
+
+
+def _cpu_flags() -> bytes:
+    """The CPU's feature flags: -march=native code built on one CPU may not run on another that shares
+    the cache folder."""
+    try:
+        with open("/proc/cpuinfo", "rb") as f:
+            return next((line for line in f if line.startswith(b"flags")), b"")
+    except OSError:
+        return platform.processor().encode()

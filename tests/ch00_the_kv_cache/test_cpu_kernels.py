@@ -62,8 +62,9 @@ def test_silu_and_mul():
     torch.testing.assert_close(ops.silu_and_mul(gate_up), F.silu(gate) * up, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 8, Linear.SMALL_ROWS, Linear.SMALL_ROWS + 1, Linear.SPLIT_ROWS + 1])
-@pytest.mark.parametrize("shape", [(960, 576), (81, 64), (7, 12)])  # (out, in): tails in both, and no tiling
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 7, 8, Linear.SMALL_ROWS, Linear.SMALL_ROWS + 1,
+                                  Linear.SPLIT_ROWS + 1])
+@pytest.mark.parametrize("shape", [(960, 576), (83, 64), (7, 12)])  # (out, in): a row tail, and no tiling
 def test_linear_at_every_row_count(rows, shape):
     layer = Linear(shape[1], shape[0])
     torch.nn.init.normal_(layer.weight)
@@ -104,9 +105,10 @@ def test_a_whole_forward_pass_gives_the_same_logits(cfg):
         cache = PagedKVCache(model.config, num_blocks=8, block_size=4)
         prompt = torch.tensor([3, 1, 4, 1, 5, 9, 2])
         with kernels.enabled(on):
-            batch = PagedBatch(cache, list(range(7)), [[0, 1]], [7], [7], backend="cpu")
+            backend = "cpu" if on else "torch"  # the kernel against the reference attention
+            batch = PagedBatch(cache, list(range(7)), [[0, 1]], [7], [7], backend=backend)
             first = model(prompt, torch.arange(7), batch, logits_rows=torch.tensor([6]))
-            batch = PagedBatch(cache, [7], [[0, 1]], [8], [1], backend="cpu")
+            batch = PagedBatch(cache, [7], [[0, 1]], [8], [1], backend=backend)
             second = model(torch.tensor([6]), torch.tensor([7]), batch)
         logits[on] = torch.cat([first, second])
     torch.testing.assert_close(logits[True], logits[False], rtol=1e-4, atol=1e-4)

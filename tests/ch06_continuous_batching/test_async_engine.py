@@ -21,17 +21,21 @@ def engine():
 
 
 def test_concurrent_streams_equal_the_offline_call_and_the_loop_stays_free(engine):
-    params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True, output_kind=RequestOutputKind.DELTA)
-
-    async def one(i):
-        await asyncio.sleep(0.01 * i)  # arrivals while the others decode
-        ids = []
-        async for out in engine.generate(PROMPTS[i], params, request_id=f"s{i}"):
-            ids += out.outputs[0].token_ids
-        return ids
+    params = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True, output_kind=RequestOutputKind.DELTA)
 
     async def main():
+        first_token = asyncio.Event()  # the others arrive once s0 decodes, however fast a step is
         ticks = 0
+
+        async def one(i):
+            if i:
+                await first_token.wait()
+                await asyncio.sleep(0)
+            ids = []
+            async for out in engine.generate(PROMPTS[i], params, request_id=f"s{i}"):
+                ids += out.outputs[0].token_ids
+                first_token.set()
+            return ids
 
         async def ticker():
             nonlocal ticks
@@ -45,7 +49,7 @@ def test_concurrent_streams_equal_the_offline_call_and_the_loop_stays_free(engin
         return results, ticks
 
     streamed, ticks = asyncio.run(main())
-    offline = LLM("tiny", progress=False, **OPTIONS).generate(PROMPTS, SamplingParams(temperature=0, max_tokens=20,
+    offline = LLM("tiny", progress=False, **OPTIONS).generate(PROMPTS, SamplingParams(temperature=0, max_tokens=30,
                                                                                          ignore_eos=True),
                                                                 use_tqdm=False)
     assert streamed == [o.outputs[0].token_ids for o in offline]

@@ -12,12 +12,20 @@ def pytest_configure(config):
     """Under pytest-xdist (``-n auto``, the default in pyproject.toml) each worker gets one thread: two
     workers with two OpenMP threads each on a 2-core machine make every small matmul wait for a core
     (the suite then runs slower, not faster).
-    Child processes (servers, notebook kernels) inherit the setting."""
+    Child processes (servers, notebook kernels) inherit the setting.
+    MINIPAGED_HYPOTHESIS_PROFILE=fail-fast turns off hypothesis's shrinking."""
     if os.environ.get("PYTEST_XDIST_WORKER"):
         os.environ["OMP_NUM_THREADS"] = "1"
         import torch
 
         torch.set_num_threads(1)
+    if os.environ.get("MINIPAGED_HYPOTHESIS_PROFILE") == "fail-fast":
+        # A run that only asks whether a property fails (the exercises' teeth test) need not shrink the
+        # failing example to its smallest form, which takes up to half a minute per property.
+        from hypothesis import Phase, settings
+
+        settings.register_profile("fail-fast", phases=[Phase.explicit, Phase.reuse, Phase.generate])
+        settings.load_profile("fail-fast")
 
 
 @pytest.fixture(scope="session")

@@ -1,14 +1,15 @@
-"""Why model/llama.py's Linear splits thin products over the threads: the measurements behind it.
+"""Why model/llama.py's Linear splits thin products over the threads, and where its compiled product
+stops: the measurements behind them.
 
-    python scripts/thin_matmul.py [--rows 1,2,4,8,32,128,512]
+    python scripts/thin_matmul.py [--rows 1,8,24,32,128,512,1024]
 
 For SmolLM2-135M's shapes (30 layers of qkv, o, gate-up and down projections, with random weights
 far larger than the caches, plus the vocabulary projection), it times, alternated and best of
 several tries: the four projections of all 30 layers as plain ``F.linear`` with two threads and with
 one, the same weights summed (a read-bandwidth yardstick), and, at each row count, ``F.linear``
 against one ``torch.bmm`` over the weight's two row blocks (``Linear``'s blocked product) and against
-the compiled product the engine uses for up to 32 rows (``small_linear``, model/kernels.py), when it
-is built.
+the compiled product the engine uses for up to ``Linear.PACKED_ROWS`` rows (``packed_linear`` on the
+weight in panels, model/kernels.py), when it is built.
 
 Not handled: other models' shapes; more than two threads (the course's machine has two cores).
 """
@@ -39,7 +40,8 @@ def split_linear(w):
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--rows", default="1,2,4,8,32,128,512", help="row counts to compare (default: 1,2,4,8,32,128,512)")
+    p.add_argument("--rows", default="1,8,24,32,128,512,1024",
+                   help="row counts to compare (default: 1,8,24,32,128,512,1024)")
     args = p.parse_args(argv)
     torch.manual_seed(0)
     layers = [[torch.randn(o, i) for o, i in SHAPES] for _ in range(30)]
@@ -49,7 +51,7 @@ def main(argv=None) -> int:
     nbytes = sum(w.numel() * 4 for layer in layers for w in layer)
     one = {i: torch.randn(1, i) for _, i in SHAPES}
     before = torch.get_num_threads()
-    compiled = kernels.ops().small_linear if kernels.ops() is not None else None
+    compiled = kernels.ops().packed_linear if kernels.ops() is not None else None
     with torch.inference_mode():
         print(f"the 30 layers' projections at one row ({nbytes / 1e6:.0f} MB of weights):")
         for threads in (2, 1):
@@ -68,9 +70,9 @@ def main(argv=None) -> int:
                      "vocab F.linear": lambda xv=xv: F.linear(xv, vocab),
                      "vocab blocked": lambda xv=xv: split_vocab(xv)}
             if compiled is not None:
-                cases["layers compiled"] = lambda xs=xs: [compiled(xs[w.shape[1]], w)
-                                                          for layer in layers for w in layer]
-                cases["vocab compiled"] = lambda xv=xv: compiled(xv, vocab)
+                cases["layers compiled"] = lambda xs=xs: [compiled(xs[m.in_features], m.packed(), m.out_features)
+                                                          for layer in split_layers for m in layer]
+                cases["vocab compiled"] = lambda xv=xv: compiled(xv, split_vocab.packed(), VOCAB[0])
             got = {k: float("inf") for k in cases}
             for _ in range(2):
                 for k, fn in cases.items():

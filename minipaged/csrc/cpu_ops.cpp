@@ -176,96 +176,121 @@ at::Tensor silu_and_mul(const at::Tensor& gate_up_in) {
   return y;
 }
 
-// model/llama.py's Linear for thin inputs: the weight [out, in] seen as `parts` row blocks, one
-// batched product with a block per thread.   x [T, in] -> [T, out]. The same calls as the Python
-// version, made from C++ (one dispatch from Python instead of six).
-at::Tensor blocked_linear(const at::Tensor& x, const at::Tensor& weight, int64_t parts) {
-  const int64_t T = x.size(0), out = weight.size(0), in = weight.size(1);
-  const at::Tensor blocks = weight.view({parts, out / parts, in}).transpose(1, 2);  // [P, in, out / P]
-  return at::bmm(x.expand({parts, T, in}), blocks).transpose(0, 1).reshape({T, out});
-}
-
 #ifdef MINIPAGED_AVX2
 namespace {
 
-// the sums of four vectors' 8 floats each, as one 4-float vector
-inline __m128 hsum4(__m256 a, __m256 b, __m256 c, __m256 d) {
-  const __m256 u = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
-  return _mm_add_ps(_mm256_castps256_ps128(u), _mm256_extractf128_ps(u, 1));
-}
+constexpr int64_t PANEL = 16;  // output columns per panel: two AVX2 vectors
+constexpr int64_t KC = 128;    // inputs summed in registers before they are added to y
 
-// y[t0 .. t0 + TT, j .. j + 3] = x[t0 .. t0 + TT] · W[j .. j + 3]ᵀ, with the TT x 3 sums in registers:
-// each weight chunk loaded once serves TT rows of x, each x chunk serves three weight rows. With TT = 4
-// that is 12 sums, 3 weight chunks and 1 x chunk: the sixteen vector registers AVX2 has
-template <int TT>
-inline void tile(const float* x, const float* w, int64_t in, int64_t out, int64_t t0, int64_t j, float* y) {
-  __m256 acc[TT][3];
-  for (int t = 0; t < TT; ++t)
-    for (int r = 0; r < 3; ++r) acc[t][r] = _mm256_setzero_ps();
-  const float* w0 = w + j * in;
-  for (int64_t i = 0; i < in; i += 8) {
-    const __m256 wv[3] = {_mm256_loadu_ps(w0 + i), _mm256_loadu_ps(w0 + in + i), _mm256_loadu_ps(w0 + 2 * in + i)};
-    for (int t = 0; t < TT; ++t) {
-      const __m256 xv = _mm256_loadu_ps(x + (t0 + t) * in + i);
-      for (int r = 0; r < 3; ++r) acc[t][r] = _mm256_fmadd_ps(wv[r], xv, acc[t][r]);
+// y[0 .. MR, 0 .. 16] (+)= x[0 .. MR, k0 .. k1] · panel[k0 .. k1]: MR rows of x against one panel of 16
+// output columns, all 2 x MR sums in registers. Each step of k loads the panel's 16 weights (two
+// vectors) once and multiplies them by one number of each row of x, broadcast to a vector: 2 + MR
+// loads for 2 x MR multiply-adds. Each sum is a named variable: written as an array, GCC keeps the sums
+// in memory and stores all of them at every step, which halves the speed.
+template <int MR>
+inline void panel_tile(const float* x, int64_t in, const float* panel, int64_t k0, int64_t k1, float* y, int64_t out,
+                       bool add) {
+  __m256 a0 = _mm256_setzero_ps(), b0 = a0, a1 = a0, b1 = a0, a2 = a0, b2 = a0, a3 = a0, b3 = a0, a4 = a0, b4 = a0,
+         a5 = a0, b5 = a0;
+  for (int64_t k = k0; k < k1; ++k) {
+    const __m256 lo = _mm256_loadu_ps(panel + k * PANEL), hi = _mm256_loadu_ps(panel + k * PANEL + 8);
+    __m256 xv = _mm256_broadcast_ss(x + k);
+    a0 = _mm256_fmadd_ps(xv, lo, a0), b0 = _mm256_fmadd_ps(xv, hi, b0);
+    if constexpr (MR > 1) {
+      xv = _mm256_broadcast_ss(x + in + k);
+      a1 = _mm256_fmadd_ps(xv, lo, a1), b1 = _mm256_fmadd_ps(xv, hi, b1);
+    }
+    if constexpr (MR > 2) {
+      xv = _mm256_broadcast_ss(x + 2 * in + k);
+      a2 = _mm256_fmadd_ps(xv, lo, a2), b2 = _mm256_fmadd_ps(xv, hi, b2);
+    }
+    if constexpr (MR > 3) {
+      xv = _mm256_broadcast_ss(x + 3 * in + k);
+      a3 = _mm256_fmadd_ps(xv, lo, a3), b3 = _mm256_fmadd_ps(xv, hi, b3);
+    }
+    if constexpr (MR > 4) {
+      xv = _mm256_broadcast_ss(x + 4 * in + k);
+      a4 = _mm256_fmadd_ps(xv, lo, a4), b4 = _mm256_fmadd_ps(xv, hi, b4);
+    }
+    if constexpr (MR > 5) {
+      xv = _mm256_broadcast_ss(x + 5 * in + k);
+      a5 = _mm256_fmadd_ps(xv, lo, a5), b5 = _mm256_fmadd_ps(xv, hi, b5);
     }
   }
-  for (int t = 0; t < TT; ++t) {
-    float sums[4];
-    _mm_storeu_ps(sums, hsum4(acc[t][0], acc[t][1], acc[t][2], _mm256_setzero_ps()));
-    float* dst = y + (t0 + t) * out + j;  // three floats: the next three columns may be another thread's
-    dst[0] = sums[0];
-    dst[1] = sums[1];
-    dst[2] = sums[2];
+  const __m256 sums[6][2] = {{a0, b0}, {a1, b1}, {a2, b2}, {a3, b3}, {a4, b4}, {a5, b5}};
+  for (int r = 0; r < MR; ++r)
+    for (int h = 0; h < 2; ++h) {
+      float* dst = y + r * out + h * 8;
+      _mm256_storeu_ps(dst, add ? _mm256_add_ps(_mm256_loadu_ps(dst), sums[r][h]) : sums[r][h]);
+    }
+}
+
+// All T rows of x against one panel, six rows at a time, into y [T, 16] (row stride `out`).
+inline void panel_rows(const float* x, int64_t T, int64_t in, const float* panel, float* y, int64_t out) {
+  for (int64_t k0 = 0; k0 < in; k0 += KC) {
+    const int64_t k1 = std::min(in, k0 + KC);
+    const bool add = k0 > 0;
+    int64_t t = 0;
+    for (; t + 6 <= T; t += 6) panel_tile<6>(x + t * in, in, panel, k0, k1, y + t * out, out, add);
+    switch (T - t) {  // the last rows of x
+      case 5: panel_tile<5>(x + t * in, in, panel, k0, k1, y + t * out, out, add); break;
+      case 4: panel_tile<4>(x + t * in, in, panel, k0, k1, y + t * out, out, add); break;
+      case 3: panel_tile<3>(x + t * in, in, panel, k0, k1, y + t * out, out, add); break;
+      case 2: panel_tile<2>(x + t * in, in, panel, k0, k1, y + t * out, out, add); break;
+      case 1: panel_tile<1>(x + t * in, in, panel, k0, k1, y + t * out, out, add); break;
+      default: break;
+    }
   }
 }
 
 }  // namespace
 #endif
 
-// y = x Wᵀ for a few rows x (decodes of up to a few dozen sequences).   x [T, in], weight [out, in] -> [T, out]
+// y = x Wᵀ, with W given as panels.   x [T, in], packed [ceil(out / 16), in, 16] -> y [T, out]
 //
-// At one row the product does two FLOPs per weight it reads, so its speed is how fast the weights
-// stream in from memory, and MKL runs it well below the machine's read bandwidth (see
-// scripts/thin_matmul.py). This loop reads the weight once, in order, three rows at a time, and
-// multiplies each piece by up to four rows of x while it is in registers; the output columns are
-// split over the threads. Shapes it does not tile (no AVX2, `in` not a multiple of 8) go to at::linear.
-at::Tensor small_linear(const at::Tensor& x_in, const at::Tensor& weight) {
+// packed[p, k, c] = W[16 p + c, k] (zero past the last row of W): model/llama.py's Linear.packed()
+// makes it once per weight. In this layout the 16 weights that one input k contributes to 16 outputs
+// sit side by side, so the loop above reads each panel straight through, once per six rows of x, and
+// keeps the 6 x 16 sums in registers (the register tile of every fast CPU matrix product). At one row
+// that streams the weight in order; at a few dozen rows it keeps both of the CPU's multiply-add units
+// busy, which the dot-product form could not (each of its sums ends in a sum across a vector). The
+// panels are split over the threads. The sums of a panel run in chunks of KC inputs, added up in y:
+// a long sum in one register gathers more rounding than MKL's, a sum of short chunks about as much.
+// Without AVX2 it unpacks and calls at::linear.
+at::Tensor packed_linear(const at::Tensor& x_in, const at::Tensor& packed, int64_t out) {
   check_float(x_in, "x");
-  check_float(weight, "weight");
-  const at::Tensor x = x_in.contiguous(), w = weight.contiguous();
-  const int64_t T = x.size(0), out = w.size(0), in = w.size(1);
+  check_float(packed, "packed");
+  const at::Tensor x = x_in.contiguous();
+  const int64_t T = x.size(0), in = x.size(1), panels = (out + PANEL - 1) / PANEL;
+  TORCH_CHECK(x.dim() == 2 && packed.is_contiguous() && packed.dim() == 3 && packed.size(0) == panels &&
+                  packed.size(1) == in && packed.size(2) == PANEL,
+              "packed_linear: x [T, in] and packed [ceil(out / 16), in, 16] must agree");
 #ifdef MINIPAGED_AVX2
-  if (in % 8 == 0) {
-    at::Tensor y = at::empty({T, out}, x.options());
-    const float* xp = x.data_ptr<float>();
-    const float* wp = w.data_ptr<float>();
-    float* yp = y.data_ptr<float>();
-    at::parallel_for(0, (out + 2) / 3, 8, [&](int64_t begin, int64_t end) {
-      for (int64_t group = begin; group < end; ++group) {
-        const int64_t j = group * 3;
-        if (j + 3 > out) {  // the last one or two weight rows, one at a time
-          for (int64_t jj = j; jj < out; ++jj)
-            for (int64_t t = 0; t < T; ++t) yp[t * out + jj] = dot(wp + jj * in, xp + t * in, in);
-          continue;
-        }
-        if (j + 6 <= end * 3 && T > 4)  // the next group's weight rows, on their way while this one computes
-          for (int64_t at = (j + 3) * in; at < (j + 6) * in; at += 16)
-            _mm_prefetch(reinterpret_cast<const char*>(wp + at), _MM_HINT_T0);
-        int64_t t = 0;
-        for (; t + 4 <= T; t += 4) tile<4>(xp, wp, in, out, t, j, yp);
-        switch (T - t) {  // the last rows of x
-          case 3: tile<3>(xp, wp, in, out, t, j, yp); break;
-          case 2: tile<2>(xp, wp, in, out, t, j, yp); break;
-          case 1: tile<1>(xp, wp, in, out, t, j, yp); break;
-          default: break;
-        }
+  at::Tensor y = at::empty({T, out}, x.options());
+  const float* xp = x.data_ptr<float>();
+  const float* pp = packed.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  at::parallel_for(0, panels, 4, [&](int64_t begin, int64_t end) {
+    float tail[6 * PANEL];
+    for (int64_t p = begin; p < end; ++p) {
+      const float* panel = pp + p * in * PANEL;
+      const int64_t cols = std::min(PANEL, out - p * PANEL);
+      if (cols == PANEL) {
+        panel_rows(xp, T, in, panel, yp + p * PANEL, out);
+        continue;
       }
-    });
-    return y;
-  }
+      for (int64_t t = 0; t < T; t += 6) {  // the last panel, part of it past W's end: via a buffer
+        const int64_t rows = std::min<int64_t>(6, T - t);
+        panel_rows(xp + t * in, rows, in, panel, tail, PANEL);
+        for (int64_t r = 0; r < rows; ++r) std::copy(tail + r * PANEL, tail + r * PANEL + cols, yp + (t + r) * out + p * PANEL);
+      }
+    }
+  });
+  return y;
+#else
+  const at::Tensor weight = packed.transpose(1, 2).reshape({panels * PANEL, in}).narrow(0, 0, out);
+  return at::linear(x, weight);
 #endif
-  return at::linear(x, w);
 }
 
 // Store the step's new keys and values in their slots (slot s = block s / block_size, row
@@ -484,8 +509,7 @@ TORCH_LIBRARY(minipaged, m) {
   m.def("rms_norm", &rms_norm);
   m.def("rotary", &rotary);
   m.def("silu_and_mul", &silu_and_mul);
-  m.def("blocked_linear", &blocked_linear);
-  m.def("small_linear", &small_linear);
+  m.def("packed_linear", &packed_linear);
   m.def("write_kv(Tensor k, Tensor v, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor slots) -> ()", &write_kv);
   m.def("paged_attention", &paged_attention);
 }

@@ -59,28 +59,43 @@ class Linear(nn.Linear):
     memory bandwidth the machine has. Viewing the weight [out, in] as P blocks [P, out / P, in] costs
     no copy, and `torch.bmm` gives each block to its own thread: the same dot products, on every core
     (docs/pages/speed.md has the measurements). From a few hundred rows on (prefill) MKL's own
-    threading is as fast or faster, so larger inputs take the plain path. Inside the engine, up to
-    SMALL_ROWS rows go to a compiled loop (model/kernels.py) that streams the weight faster still.
+    threading is as fast or faster, so larger inputs take the plain path.
+
+    Inside the engine, up to PACKED_ROWS rows go to a compiled product (model/kernels.py) that reads
+    the weight laid out in panels of 16 rows (``packed``): a second copy of the weight, made on first
+    use, in the order that product reads it.
     """
 
     SPLIT_ROWS = 128  # inputs with at most this many rows use the blocked product
-    SMALL_ROWS = 32  # inputs with at most this many rows use the compiled product, when it is on
+    PACKED_ROWS = 512  # inputs with at most this many rows use the compiled product, when it is on (beyond
+    #                    that MKL is faster here: scripts/thin_matmul.py)
+    PANEL = 16  # output columns per panel of the packed weight
 
     def __init__(self, in_features: int, out_features: int):
         super().__init__(in_features, out_features, bias=False)
 
     def forward(self, x):  # x [T, in] -> [T, out]
         T, (out, inp) = x.shape[0], self.weight.shape
-        if T <= self.SMALL_ROWS and kernels.use(x):  # y = x Wᵀ in one compiled loop over W's rows
-            return kernels.ops().small_linear(x, self.weight)
+        if T <= self.PACKED_ROWS and kernels.use(x):  # y = x Wᵀ compiled, on the weight in panels
+            return kernels.ops().packed_linear(x, self.packed(), out)
         parts = torch.get_num_threads()
         if T > self.SPLIT_ROWS or parts < 2 or out % parts:
             return F.linear(x, self.weight)
-        if kernels.use(x):  # the three lines below, called from C++: one dispatch instead of six
-            return kernels.ops().blocked_linear(x, self.weight, parts)
         blocks = self.weight.view(parts, out // parts, inp).transpose(1, 2)  # [P, in, out / P], a view
         y = torch.bmm(x.expand(parts, T, inp), blocks)  # [P, T, out / P]
         return y.transpose(0, 1).reshape(T, out)
+
+    def packed(self):  # W [out, in] -> [ceil(out / 16), in, 16]: packed[p, k, c] = W[16 p + c, k]
+        """The weight in panels of 16 rows, each stored input by input: kept, and made again when the
+        weight changes (another tensor, or an in-place edit). Rows past ``out`` are zero."""
+        w = self.weight
+        key = (w.data_ptr(), w._version, w.shape)
+        if getattr(self, "_packed_key", None) != key:
+            out, inp = w.shape
+            padded = F.pad(w.detach(), (0, 0, 0, -out % self.PANEL))  # [P * 16, in]
+            self._packed = padded.view(-1, self.PANEL, inp).transpose(1, 2).contiguous()  # [P, in, 16]
+            self._packed_key = key
+        return self._packed
 
 
 class Rotary(nn.Module):

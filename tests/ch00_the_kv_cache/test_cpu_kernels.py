@@ -62,9 +62,9 @@ def test_silu_and_mul():
     torch.testing.assert_close(ops.silu_and_mul(gate_up), F.silu(gate) * up, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 7, 8, Linear.SMALL_ROWS, Linear.SMALL_ROWS + 1,
-                                  Linear.SPLIT_ROWS + 1])
-@pytest.mark.parametrize("shape", [(960, 576), (83, 64), (7, 12)])  # (out, in): a row tail, and no tiling
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 7, 13, 32, Linear.PACKED_ROWS, Linear.PACKED_ROWS + 1])
+# (out, in): whole panels, a part panel, less than one panel, and inputs past one chunk of 128 sums
+@pytest.mark.parametrize("shape", [(960, 576), (83, 64), (7, 12), (48, 300)])
 def test_linear_at_every_row_count(rows, shape):
     layer = Linear(shape[1], shape[0])
     torch.nn.init.normal_(layer.weight)
@@ -74,11 +74,22 @@ def test_linear_at_every_row_count(rows, shape):
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 
 
-def test_blocked_linear_is_the_same_calls_from_cpp():
-    weight, x = torch.randn(80, 48), torch.randn(40, 48)
-    blocks = weight.view(2, 40, 48).transpose(1, 2)
-    want = torch.bmm(x.expand(2, 40, 48), blocks).transpose(0, 1).reshape(40, 80)
-    assert torch.equal(ops.blocked_linear(x, weight, 2), want)
+def test_the_packed_weight_is_w_in_panels_and_follows_the_weight():
+    layer = Linear(5, 20)
+    w = layer.weight.detach()
+    packed = layer.packed()
+    assert packed.shape == (2, 5, 16)
+    for p, k, c in [(0, 0, 0), (0, 4, 15), (1, 2, 3)]:
+        assert packed[p, k, c] == w[16 * p + c, k]
+    assert torch.equal(packed[1, :, 4:], torch.zeros(5, 12))  # past the last row of W
+    assert layer.packed() is packed  # kept
+    with torch.no_grad():
+        layer.weight[3, 1] = 7.0  # an in-place edit: packed again
+    assert layer.packed()[0, 1, 3] == 7.0
+    layer.weight = torch.nn.Parameter(torch.ones(20, 5))  # another tensor: packed again
+    assert torch.equal(layer.packed()[0], torch.ones(5, 16))
+    with pytest.raises(RuntimeError, match="must agree"):
+        ops.packed_linear(torch.randn(3, 6), packed, 20)  # in = 6 against panels of 5
 
 
 def test_write_kv_stores_rows_in_their_slots_and_checks_them():

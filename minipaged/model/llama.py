@@ -67,8 +67,8 @@ class Linear(nn.Linear):
     """
 
     SPLIT_ROWS = 128  # inputs with at most this many rows use the blocked product
-    PACKED_ROWS = 512  # inputs with at most this many rows use the compiled product, when it is on (beyond
-    #                    that MKL is faster here: scripts/thin_matmul.py)
+    PACKED_ROWS = 512  # inputs with at most this many rows use the compiled product, when it is on (at
+    #                    512 rows it and MKL are about even here, at 1024 MKL wins: scripts/thin_matmul.py)
     PANEL = 16  # output columns per panel of the packed weight
 
     def __init__(self, in_features: int, out_features: int):

@@ -1,9 +1,11 @@
-// The model's small operations and its decode attention, each as one compiled call on the CPU.
+// The model's small operations, its matrix products and its decode attention, each as one compiled
+// call on the CPU.
 //
 // Why this file exists: a decode step of SmolLM2-135M makes about sixty PyTorch calls per layer
 // besides its four matrix products. At one sequence each call does almost no arithmetic, so the
 // step's time goes to dispatching them (a few microseconds each, 30 layers deep); at 32 sequences the
-// attention's gather copies every cached K/V row before SDPA reads it again. Each function below is
+// attention's gather copies every cached K/V row before SDPA reads it again, and MKL runs the thin
+// products well below what the cores can do. Each function below is
 // the same math as a few lines of model/llama.py or attention/batched.py, which stay the oracle
 // (tests/ch00_the_kv_cache/test_cpu_kernels.py asserts each equal to them). model/kernels.py builds
 // this file with the C++ compiler on first use and falls back to the PyTorch code when it cannot.

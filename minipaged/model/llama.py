@@ -15,9 +15,10 @@ seam where every chapter plugs in a new memory policy without touching this file
 Four things here are for speed, each measured (docs/pages/speed.md): q, k and v come from one stacked
 projection and gate and up from another; RoPE's cos and sin are computed once per forward pass;
 `Linear` splits a thin product over the CPU's threads; and inside the engine (``kernels.enabled()``)
-RMSNorm, RoPE, SwiGLU's middle and the thin products each run as one compiled call
-(model/kernels.py). Each of those is marked `if kernels.use(x):`, and the PyTorch lines under it are
-the math it computes and the oracle it is tested against.
+RMSNorm, RoPE, SwiGLU's middle and the products of up to 512 rows each run as one compiled call
+(model/kernels.py), the products on a copy of the weight laid out for them (``Linear.packed``).
+Each of those is marked `if kernels.use(x):`, and the PyTorch lines under it are the math it
+computes and the oracle it is tested against.
 
 Shapes: T = number of new tokens in this forward pass (all sequences flattened together),
 D = hidden_size, H = num_heads, KVH = num_kv_heads, Dh = head_dim, V = vocab_size.

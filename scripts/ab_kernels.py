@@ -1,8 +1,8 @@
 """What the compiled CPU kernels are worth: the engine's decode step with and without them, in one process.
 
-    python scripts/ab_kernels.py [--rounds 3] [--batches 1,8,32,64] [--configs base,kernels,attention,both]
+    python scripts/ab_kernels.py [--rounds 3] [--batches 1,8,32,64] [--configs base,kernels,attention,both,one_thread]
 
-Four engines on one copy of SmolLM2-135M, alternated round by round, each keeping its best median
+Engines on one copy of SmolLM2-135M, alternated round by round, each keeping its best median
 step (the same measurement as `bench decode`: 16 decode steps after 128-token prompts, each step
 timed alone):
 
@@ -10,6 +10,7 @@ timed alone):
     kernels    torch_batched attention, the model's small operations and thin products compiled
     attention  the compiled decode attention (attention_backend="cpu"), the model in PyTorch
     both       the default engine: both compiled
+    one_thread the default engine on one thread (torch.set_num_threads(1)) instead of two
 
 It prints each one's step time and its speed-up over the first, and checks that every engine made
 the same greedy tokens as the first. Run it alone on the machine (docs/pages/speed.md says why).
@@ -22,14 +23,28 @@ from __future__ import annotations
 import argparse
 import time
 
+import torch
+
 CONFIGS = {"base": dict(attention_backend="torch_batched", cpu_kernels=False),
            "kernels": dict(attention_backend="torch_batched", cpu_kernels=True),
            "attention": dict(attention_backend="cpu", cpu_kernels=False),
-           "both": dict(attention_backend="cpu", cpu_kernels=True)}
+           "both": dict(attention_backend="cpu", cpu_kernels=True),
+           "one_thread": dict(attention_backend="cpu", cpu_kernels=True, threads=1)}
 
 
 def decode_step_ms(loaded, prompts, steps, options) -> tuple[float, list]:
-    """Median decode step (ms) of an engine with ``options`` on ``prompts``, and its greedy tokens."""
+    """Median decode step (ms) of an engine with ``options`` on ``prompts``, and its greedy tokens
+    (``threads``, if given, is PyTorch's thread count meanwhile)."""
+    options = dict(options)
+    threads_before = torch.get_num_threads()
+    torch.set_num_threads(options.pop("threads", threads_before))
+    try:
+        return _decode_step_ms(loaded, prompts, steps, options)
+    finally:
+        torch.set_num_threads(threads_before)
+
+
+def _decode_step_ms(loaded, prompts, steps, options) -> tuple[float, list]:
     from minipaged.config import EngineArgs
     from minipaged.llm_engine import LLMEngine
     from minipaged.sampling_params import SamplingParams

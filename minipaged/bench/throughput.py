@@ -1,6 +1,6 @@
 """The finished engine against HF Transformers' padded ``generate``, on chat workloads a user would send.
 
-    python -m minipaged bench throughput [--rounds 2] [--hf-batch-size 8] [--json]
+    python -m minipaged bench throughput [--rounds 2] [--hf-batch-size 8] [--requests N] [--json]
 
 Two workloads, each sent whole to both systems, greedy, stopping at EOS as a chat request does:
 
@@ -90,7 +90,9 @@ def run_hf(model, prompts, max_tokens: int, batch_size: int, eos: int, pad: int 
     return {"seconds": seconds, "output_tokens": sum(map(len, tokens)), "tokens": tokens}
 
 
-def run(model="smollm2-135m", workloads=("readme", "support"), rounds=2, hf_batch_size=8, progress=True) -> dict:
+def run(model="smollm2-135m", workloads=("readme", "support"), rounds=2, hf_batch_size=8, progress=True,
+        requests=None) -> dict:
+    """Both systems on each workload (its first ``requests`` requests when given), medians of ``rounds``."""
     from tqdm import tqdm
 
     from minipaged import LLM
@@ -101,6 +103,8 @@ def run(model="smollm2-135m", workloads=("readme", "support"), rounds=2, hf_batc
             raise ValueError(f"workload {name!r} is not known; choose from {list(WORKLOADS)}")
     if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
         raise ValueError(f"rounds={rounds!r} must be an integer >= 1")
+    if requests is not None and (isinstance(requests, bool) or not isinstance(requests, int) or requests < 1):
+        raise ValueError(f"requests={requests!r} must be an integer >= 1, or None for every request")
     llm = LLM(model, progress=False)
     chunked = LLM(model, progress=False, enable_chunked_prefill=True)
     engines = {"minipaged": llm, "chunked": chunked}
@@ -115,6 +119,7 @@ def run(model="smollm2-135m", workloads=("readme", "support"), rounds=2, hf_batc
     bar = tqdm(total=len(systems) * len(todo), desc="bench throughput", unit="run", disable=not progress)
     for name in workloads:
         prompts, max_tokens = chat_prompts(llm.tokenizer, name)
+        prompts = prompts[:requests]
         for engine in engines.values():
             engine.generate(prompts[:2], None, use_tqdm=False)  # first-call overheads, not timed
         runs = {system: [] for system in systems}
@@ -171,11 +176,14 @@ def add_arguments(p):
                    help="which workloads to run (default: both)")
     p.add_argument("--rounds", type=int, default=2, help="rounds per system; figures are medians (default: 2)")
     p.add_argument("--hf-batch-size", type=int, default=8, help="HF generate's padded batch size (default: 8)")
+    p.add_argument("--requests", type=int, default=None,
+                   help="send only each workload's first N requests (default: all of them)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
 
 
 def main(args) -> int:
-    r = run(args.model, tuple(args.workloads), args.rounds, args.hf_batch_size, progress=not args.json)
+    r = run(args.model, tuple(args.workloads), args.rounds, args.hf_batch_size, progress=not args.json,
+            requests=args.requests)
     if args.json or args.record is not None:
         for row in r["workloads"].values():
             for system in ("minipaged", "chunked", "hf"):

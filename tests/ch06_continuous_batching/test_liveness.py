@@ -289,7 +289,7 @@ def synthetic_cases(draw):
     return add_pool(draw, options, requests, max_model_len), max_model_len, requests
 
 
-@settings(max_examples=3000, deadline=5000, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=2000, deadline=5000, suppress_health_check=[HealthCheck.too_slow])
 @given(synthetic_cases())
 def test_every_request_is_served_or_refused(case):
     options, max_model_len, requests = case

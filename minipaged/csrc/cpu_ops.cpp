@@ -263,9 +263,11 @@ at::Tensor packed_linear(const at::Tensor& x_in, const at::Tensor& packed, int64
   check_float(x_in, "x");
   check_float(packed, "packed");
   const at::Tensor x = x_in.contiguous();
+  TORCH_CHECK(x.dim() == 2 && packed.dim() == 3,
+              "packed_linear: x [T, in] and packed [ceil(out / 16), in, 16] must agree");
   const int64_t T = x.size(0), in = x.size(1), panels = (out + PANEL - 1) / PANEL;
-  TORCH_CHECK(x.dim() == 2 && packed.is_contiguous() && packed.dim() == 3 && packed.size(0) == panels &&
-                  packed.size(1) == in && packed.size(2) == PANEL,
+  TORCH_CHECK(in > 0 && out > 0 && packed.is_contiguous() && packed.size(0) == panels && packed.size(1) == in &&
+                  packed.size(2) == PANEL,
               "packed_linear: x [T, in] and packed [ceil(out / 16), in, 16] must agree");
 #ifdef MINIPAGED_AVX2
   at::Tensor y = at::empty({T, out}, x.options());
@@ -284,7 +286,8 @@ at::Tensor packed_linear(const at::Tensor& x_in, const at::Tensor& packed, int64
       for (int64_t t = 0; t < T; t += 6) {  // the last panel, part of it past W's end: via a buffer
         const int64_t rows = std::min<int64_t>(6, T - t);
         panel_rows(xp + t * in, rows, in, panel, tail, PANEL);
-        for (int64_t r = 0; r < rows; ++r) std::copy(tail + r * PANEL, tail + r * PANEL + cols, yp + (t + r) * out + p * PANEL);
+        for (int64_t r = 0; r < rows; ++r)
+          std::copy(tail + r * PANEL, tail + r * PANEL + cols, yp + (t + r) * out + p * PANEL);
       }
     }
   });

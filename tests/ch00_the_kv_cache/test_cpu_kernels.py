@@ -90,6 +90,8 @@ def test_the_packed_weight_is_w_in_panels_and_follows_the_weight():
     assert torch.equal(layer.packed()[0], torch.ones(5, 16))
     with pytest.raises(RuntimeError, match="must agree"):
         ops.packed_linear(torch.randn(3, 6), packed, 20)  # in = 6 against panels of 5
+    with pytest.raises(RuntimeError, match="must agree"):
+        ops.packed_linear(torch.randn(5), packed, 20)  # x is not [T, in]
 
 
 def test_write_kv_stores_rows_in_their_slots_and_checks_them():

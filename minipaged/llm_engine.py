@@ -68,6 +68,8 @@ def build_core(args: EngineArgs, loaded=None, metrics=None) -> tuple[EngineCore,
     max_model_len = args.resolve(loaded.config.max_model_len)
     cfg = loaded.config
     bytes_per_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * loaded.model.dtype.itemsize  # K and V
+    if args.pooled and args.cpu_kernels:
+        _pack_weights(loaded.model)  # before the pool is sized: the packed copy takes memory too
     args.check_pool(max_model_len, bytes_per_token, free_bytes)
     eos = loaded.tokenizer.eos_token_id
     if not args.pooled:
@@ -84,6 +86,21 @@ def build_core(args: EngineArgs, loaded=None, metrics=None) -> tuple[EngineCore,
                               cpu_kernels=args.cpu_kernels,
                               swap_blocks=core.swap_space.num_blocks if core.swap_space else 0, metrics=core.metrics)
     return core, loaded
+
+
+def _pack_weights(model) -> None:
+    """Lay out every weight for the compiled product now (model/llama.py's ``Linear.packed``), when the
+    model will use it: float32 on the CPU, with the kernels built."""
+    import torch
+
+    from minipaged.model import kernels
+    from minipaged.model.llama import Linear
+
+    probe = next(model.parameters())
+    if probe.dtype == torch.float32 and probe.device.type == "cpu" and kernels.ops() is not None:
+        for module in model.modules():
+            if isinstance(module, Linear):
+                module.packed()
 
 
 def _kind(value) -> str:

@@ -9,8 +9,9 @@ One run measures, in this order:
 2. this machine's read bandwidth: summing a 1 GiB fp32 buffer, far larger than any cache;
 3. the model's matmuls alone at each batch size b: every projection of every layer and the
    vocabulary projection, run in forward order on the model's own weights with b rows, nothing
-   else, timed two ways (plain F.linear, and the model's own Linear, which splits a thin product over
-   the threads) and the faster kept.
+   else, timed two ways (plain F.linear, and the model's own Linear as the engine runs it: the
+   compiled product on the weight in panels, or without the kernels a thin product split over the
+   threads) and the faster kept.
    A decode step cannot be faster than its own matmuls, so b / that time is the *arithmetic bound*;
 4. the *weight-streaming bound*: every decode step reads every weight once (and each sequence's
    cached K/V), so a step takes at least (weight bytes + K/V bytes) / read bandwidth;

@@ -178,11 +178,12 @@ at::Tensor silu_and_mul(const at::Tensor& gate_up_in) {
   return y;
 }
 
+constexpr int64_t PANEL = 16;  // output columns per panel of a packed weight: two AVX2 vectors
+
 #ifdef MINIPAGED_AVX2
 namespace {
 
-constexpr int64_t PANEL = 16;  // output columns per panel: two AVX2 vectors
-constexpr int64_t KC = 128;    // inputs summed in registers before they are added to y
+constexpr int64_t KC = 128;  // inputs summed in registers before they are added to y
 
 // y[0 .. MR, 0 .. 16] (+)= x[0 .. MR, k0 .. k1] · panel[k0 .. k1]: MR rows of x against one panel of 16
 // output columns, all 2 x MR sums in registers. Each step of k loads the panel's 16 weights (two

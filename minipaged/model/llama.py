@@ -69,7 +69,7 @@ class Linear(nn.Linear):
 
     SPLIT_ROWS = 128  # inputs with at most this many rows use the blocked product
     PACKED_ROWS = 512  # inputs with at most this many rows use the compiled product, when it is on (at
-    #                    512 rows it and MKL are about even here, at 1024 MKL wins: scripts/thin_matmul.py)
+    #                    512 rows it and MKL are about even here: scripts/thin_matmul.py)
     PANEL = 16  # output columns per panel of the packed weight
 
     def __init__(self, in_features: int, out_features: int):
@@ -87,10 +87,11 @@ class Linear(nn.Linear):
         return y.transpose(0, 1).reshape(T, out)
 
     def packed(self):  # W [out, in] -> [ceil(out / 16), in, 16]: packed[p, k, c] = W[16 p + c, k]
-        """The weight in panels of 16 rows, each stored input by input: kept, and made again when the
-        weight changes (another tensor, or an in-place edit). Rows past ``out`` are zero."""
+        """The weight in panels of 16 rows, each stored input by input. Rows past ``out`` are zero.
+        Kept, and made again when the weight is another tensor or PyTorch counts an in-place edit of
+        it; a write it does not count (through ``.data``, or a NumPy view) is not seen."""
         w = self.weight
-        key = (w.data_ptr(), w._version, w.shape)
+        key = (w.data_ptr(), 0 if w.is_inference() else w._version, w.shape)  # inference tensors keep no count
         if getattr(self, "_packed_key", None) != key:
             out, inp = w.shape
             padded = F.pad(w.detach(), (0, 0, 0, -out % self.PANEL))  # [P * 16, in]

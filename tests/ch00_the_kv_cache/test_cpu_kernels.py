@@ -63,8 +63,8 @@ def test_silu_and_mul():
 
 
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 7, 13, 32, Linear.PACKED_ROWS, Linear.PACKED_ROWS + 1])
-# (out, in): whole panels, a part panel, less than one panel, and inputs past one chunk of 128 sums
-@pytest.mark.parametrize("shape", [(960, 576), (83, 64), (7, 12), (48, 300)])
+# (out, in): whole panels, a part panel, less than one panel, inputs past one chunk of 128 sums, both
+@pytest.mark.parametrize("shape", [(960, 576), (83, 64), (7, 12), (48, 300), (83, 300)])
 def test_linear_at_every_row_count(rows, shape):
     layer = Linear(shape[1], shape[0])
     torch.nn.init.normal_(layer.weight)
@@ -185,3 +185,13 @@ def test_a_later_process_loads_the_built_library_without_compiling():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "compiling" not in done.stderr
+
+
+def test_the_engine_lays_out_its_weights_before_it_sizes_the_pool():
+    # the packed copy takes memory: made when the engine is built, so the pool check sees it
+    model = LLM("tiny", progress=False).llm_engine.core.runner.model
+    linears = [m for m in model.modules() if isinstance(m, Linear)]
+    assert linears and all(getattr(m, "_packed", None) is not None for m in linears)
+    assert all(getattr(m, "_packed", None) is None
+               for m in LLM("tiny", progress=False, cpu_kernels=False).llm_engine.core.runner.model.modules()
+               if isinstance(m, Linear))

@@ -90,14 +90,13 @@ def build_core(args: EngineArgs, loaded=None, metrics=None) -> tuple[EngineCore,
 
 def _pack_weights(model) -> None:
     """Lay out every weight for the compiled product now (model/llama.py's ``Linear.packed``), when the
-    model will use it: float32 on the CPU, with the kernels built."""
-    import torch
-
+    model will use it (``kernels.use``: float32 on the CPU, with the kernels built)."""
     from minipaged.model import kernels
     from minipaged.model.llama import Linear
 
-    probe = next(model.parameters())
-    if probe.dtype == torch.float32 and probe.device.type == "cpu" and kernels.ops() is not None:
+    with kernels.enabled():
+        used = kernels.use(next(model.parameters()))
+    if used:
         for module in model.modules():
             if isinstance(module, Linear):
                 module.packed()

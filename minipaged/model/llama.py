@@ -63,8 +63,8 @@ class Linear(nn.Linear):
     threading is as fast or faster, so larger inputs take the plain path.
 
     Inside the engine, up to PACKED_ROWS rows go to a compiled product (model/kernels.py) that reads
-    the weight laid out in panels of 16 rows (``packed``): a second copy of the weight, made on first
-    use, in the order that product reads it.
+    the weight laid out in panels of 16 rows (``packed``): a second copy of the weight, in the order
+    that product reads it, made when the engine is built (or else on first use).
     """
 
     SPLIT_ROWS = 128  # inputs with at most this many rows use the blocked product

@@ -24,6 +24,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <vector>
 
 #if defined(__AVX2__) && defined(__FMA__)
@@ -185,17 +186,32 @@ namespace {
 
 constexpr int64_t KC = 128;  // inputs summed in registers before they are added to y
 
+// Ask for the cache line `ahead` floats past `at` to be brought into the nearest cache. The address is
+// worked out as an integer: it may lie past the end of the buffer, where a prefetch is harmless (it
+// never faults) but a C++ pointer may not point.
+inline void prefetch(const float* at, int64_t ahead) {
+  const auto address = reinterpret_cast<std::uintptr_t>(at) + static_cast<std::uintptr_t>(ahead) * sizeof(float);
+  _mm_prefetch(reinterpret_cast<const char*>(address), _MM_HINT_T0);
+}
+
 // y[0 .. MR, 0 .. 16] (+)= x[0 .. MR, k0 .. k1] · panel[k0 .. k1]: MR rows of x against one panel of 16
 // output columns, all 2 x MR sums in registers. Each step of k loads the panel's 16 weights (two
 // vectors) once and multiplies them by one number of each row of x, broadcast to a vector: 2 + MR
 // loads for 2 x MR multiply-adds. Each sum is a named variable: written as an array, GCC keeps the sums
 // in memory and stores all of them at every step, which halves the speed.
+//
+// Each step also asks for the weights one chunk (KC steps) ahead: one cache line, the 16 weights of
+// input k + KC. The tiles of a chunk walk it again and again, a pattern after which the CPU's own
+// prefetcher does not run ahead into the next chunk; without this line every chunk starts by waiting
+// on memory. It changes no arithmetic, and it pays at every row count (scripts/thin_matmul.py;
+// docs/pages/speed.md). Past the panel's end it asks for the next panel's first weights.
 template <int MR>
 inline void panel_tile(const float* x, int64_t in, const float* panel, int64_t k0, int64_t k1, float* y, int64_t out,
                        bool add) {
   __m256 a0 = _mm256_setzero_ps(), b0 = a0, a1 = a0, b1 = a0, a2 = a0, b2 = a0, a3 = a0, b3 = a0, a4 = a0, b4 = a0,
          a5 = a0, b5 = a0;
   for (int64_t k = k0; k < k1; ++k) {
+    prefetch(panel + k * PANEL, KC * PANEL);
     const __m256 lo = _mm256_loadu_ps(panel + k * PANEL), hi = _mm256_loadu_ps(panel + k * PANEL + 8);
     __m256 xv = _mm256_broadcast_ss(x + k);
     a0 = _mm256_fmadd_ps(xv, lo, a0), b0 = _mm256_fmadd_ps(xv, hi, b0);

@@ -3,22 +3,17 @@
     python -m minipaged bench decode [--model smollm2-135m] [--batches 1,8,32,64] [--context 128]
                                      [--steps 16] [--no-hf] [--plot-dir DIR] [--json]
 
-One run measures, in this order:
+One run measures, for each batch size b:
 
-1. the GEMM noise probe (bench/noise.py): a warning if another process competes for the cores;
-2. this machine's read bandwidth: summing a 1 GiB fp32 buffer, far larger than any cache, sampled
-   right before and right after each of the engine's rounds (below); a batch size's bound uses the
-   highest of its samples. On a shared machine the bandwidth a neighbour leaves moves by half from
-   one minute to the next, so a figure taken at the start would not describe the engine's steps;
-3. the model's matmuls alone at each batch size b: every projection of every layer and the
-   vocabulary projection, run in forward order on the model's own weights with b rows, nothing
-   else, timed two ways (plain F.linear, and the model's own Linear as the engine runs it: the
-   compiled product on the weight in panels, or without the kernels a thin product split over the
-   threads) and the faster kept.
+1. this machine's read bandwidth: summing a 1 GiB fp32 buffer, far larger than any cache;
+2. the model's matmuls alone: every projection of every layer and the vocabulary projection, run in
+   forward order on the model's own weights with b rows, nothing else, timed two ways (plain
+   F.linear, and the model's own Linear as the engine runs it: the compiled product on the weight
+   in panels, or without the kernels a thin product split over the threads) and the faster kept.
    A decode step cannot be faster than its own matmuls, so b / that time is the *arithmetic bound*;
-4. the *weight-streaming bound*: every decode step reads every weight once (and each sequence's
+3. the *weight-streaming bound*: every decode step reads every weight once (and each sequence's
    cached K/V), so a step takes at least (weight bytes + K/V bytes) / read bandwidth;
-5. for each batch size, back to back on the same prompts (``context`` seeded random token ids each):
+4. back to back on the same prompts (``context`` seeded random token ids each):
    the default engine (``LLMEngine``, nothing changed but the pool, sized to fit, and ``--dtype``)
    and HF Transformers' ``generate`` on the same batch (no padding: the prompts have one length).
    Each times ``steps`` decode steps one by one (HF's through a streamer that notes when each step's
@@ -26,6 +21,13 @@ One run measures, in this order:
    not move. The two alternate ``rounds`` times (engine, HF, engine, HF) and each keeps its best
    round: on a small shared machine a whole round can be slowed by a neighbour, and both sides get
    the same chance.
+
+The bounds are measured beside what they bound: in each round, right before the engine's steps, a
+bandwidth sample and the matmuls alone, and right after them another bandwidth sample. Each bound
+uses the fastest of the batch size's own measurements (the strictest bound it saw). On a shared
+machine the bandwidth and the GEMM rate a neighbour leaves move by half from one minute to the next,
+so figures taken once at the start would describe another minute than the engine's steps. A GEMM
+probe (bench/noise.py) before and after the whole run warns if another process competed for the cores.
 
 It prints each speed as a fraction of its roof (the lower of the two bounds) and the engine's as a
 ratio to HF's, with ``--json`` and a plot of tokens/s against batch size under the two roofs.
@@ -226,24 +228,25 @@ def run(model="smollm2-135m", batches=(1, 8, 32, 64), context=128, steps=16, rou
     rows = []
     for b in tqdm(batches, desc="decode, batch by batch", disable=not progress):
         prompts = make_prompts(loaded.config.vocab_size, b, context, seed=b)
-        matmul = matmul_only_seconds(loaded.model, b)
-        matmul_s = matmul["best"]
         step_bytes = weights + kv_per_token * (context + steps // 2) * b  # K/V read at the middle step
-        row = {"batch": b, "matmul_ms": 1e3 * matmul_s, "matmul_plain_ms": 1e3 * matmul["plain"],
-               "matmul_model_ms": 1e3 * matmul["model"],
-               "matmul_gflops": matmul_flops(loaded.model, b) / matmul_s / 1e9,
-               "step_mbytes": step_bytes / 1e6, "read_samples_gbytes_s": []}
+        row = {"batch": b, "step_mbytes": step_bytes / 1e6, "read_samples_gbytes_s": []}
+        matmul = {"plain": float("inf"), "model": float("inf")}
         for _ in range(rounds):  # engine, HF, engine, HF ...: each side keeps its best round
-            row["read_samples_gbytes_s"].append(read_sample() / 1e9)  # the bandwidth just before ...
+            row["read_samples_gbytes_s"].append(read_sample() / 1e9)  # just before the engine's steps: ...
+            alone = matmul_only_seconds(loaded.model, b, repeats=3)  # ... the bandwidth and the matmuls,
+            matmul = {way: min(matmul[way], alone[way]) for way in matmul}
             tries = [("engine", engine_decode(loaded, prompts, steps, model, dtype))]
-            row["read_samples_gbytes_s"].append(read_sample() / 1e9)  # ... and just after the engine's steps
+            row["read_samples_gbytes_s"].append(read_sample() / 1e9)  # ... and the bandwidth just after
             if hf_model is not None:
                 tries.append(("hf", hf_decode(hf_model, prompts, steps)))
             for side, got in tries:
                 row.setdefault(f"{side}_tries", []).append(got["tokens_per_s"])
                 if side not in row or got["tokens_per_s"] > row[side]["tokens_per_s"]:
                     row[side] = got
-        row["read_gbytes_s"] = max(row["read_samples_gbytes_s"])  # the strictest bound the row saw
+        row["read_gbytes_s"] = max(row["read_samples_gbytes_s"])  # the strictest bounds the row saw
+        matmul_s = min(matmul.values())
+        row.update(matmul_ms=1e3 * matmul_s, matmul_plain_ms=1e3 * matmul["plain"],
+                   matmul_model_ms=1e3 * matmul["model"], matmul_gflops=matmul_flops(loaded.model, b) / matmul_s / 1e9)
         bounds = {"weight_streaming": b * row["read_gbytes_s"] * 1e9 / step_bytes, "arithmetic": b / matmul_s}
         row.update(bounds=bounds, roof=min(bounds.values()), binding=min(bounds, key=bounds.get))
         rows.append(row)

@@ -69,7 +69,7 @@ class Linear(nn.Linear):
 
     SPLIT_ROWS = 128  # inputs with at most this many rows use the blocked product
     PACKED_ROWS = 512  # inputs with at most this many rows use the compiled product, when it is on (at
-    #                    512 rows it and MKL are about even here: scripts/thin_matmul.py)
+    #                    512 rows it is still ahead of MKL here, at 1024 about even: scripts/thin_matmul.py)
     PANEL = 16  # output columns per panel of the packed weight
 
     def __init__(self, in_features: int, out_features: int):

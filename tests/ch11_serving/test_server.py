@@ -247,10 +247,17 @@ def test_hang_ups_abort_their_requests_and_free_their_blocks(server, async_clien
         client = async_client()
         try:
             streamed = await asyncio.gather(*(leave(client, i, 3 + i) for i in range(8)))
-            # and a non-streaming request whose client gives up
-            with pytest.raises(openai.APITimeoutError):
-                await client.with_options(timeout=0.3).completions.create(
-                    model="tiny", prompt="waiting", max_tokens=450, extra_body={"ignore_eos": True})
+            # and a non-streaming request whose client gives up once the server is working on it (not
+            # after a fixed time: the tiny model can make its 450 tokens in a fifth of a second)
+            assert await asyncio.to_thread(server.wait_idle)
+            waiting = asyncio.create_task(client.completions.create(
+                model="tiny", prompt="waiting", max_tokens=450, extra_body={"ignore_eos": True}))
+            while server.metric("num_requests_running") < 1:
+                assert not waiting.done(), "the request ended before the server reported it running"
+                await asyncio.sleep(0.002)
+            waiting.cancel()  # the client hangs up
+            with pytest.raises(asyncio.CancelledError):
+                await waiting
             return streamed
         finally:
             await client.close()

@@ -82,7 +82,7 @@ def matmul_only_seconds(model, batch: int, repeats: int = 5) -> dict:
     two ways, alternated: ``plain`` is F.linear (MKL's own threading, PyTorch's [out, in] layout) and
     ``model`` is the model's own Linear as the engine runs it (model/llama.py: a thin product split over
     the threads, or the compiled product of model/kernels.py when it is built).
-    ``best`` is the faster, the arithmetic bound: no step can beat the best way to do its matmuls."""
+    The faster of the two is the arithmetic bound: no step can beat the best way to do its matmuls."""
     import torch
     import torch.nn.functional as F
 
@@ -106,7 +106,7 @@ def matmul_only_seconds(model, batch: int, repeats: int = 5) -> dict:
         for _ in range(2):  # alternated, each keeps its best
             times["plain"] = min(times["plain"], best_time(plain, repeats))
             times["model"] = min(times["model"], best_time(own, repeats))
-    return dict(times, best=min(times.values()))
+    return times
 
 
 def matmul_flops(model, batch: int) -> float:

@@ -201,10 +201,10 @@ inline void prefetch(const float* at, int64_t ahead) {
 // in memory and stores all of them at every step, which halves the speed.
 //
 // Each step also asks for the weights one chunk (KC steps) ahead: one cache line, the 16 weights of
-// input k + KC. The tiles of a chunk walk it again and again, a pattern after which the CPU's own
-// prefetcher does not run ahead into the next chunk; without this line every chunk starts by waiting
-// on memory. It changes no arithmetic, and it pays at every row count (scripts/thin_matmul.py;
-// docs/pages/speed.md). Past the panel's end it asks for the next panel's first weights.
+// input k + KC. The tiles of a chunk walk it again and again, and the CPU's own prefetcher did not run
+// far enough ahead into the next chunk. It changes no arithmetic; what it is worth to a decode step,
+// at batch 1 to 64, is a row of the ledger in docs/pages/speed.md. Past the panel's end it asks for
+// the next panel's first weights.
 template <int MR>
 inline void panel_tile(const float* x, int64_t in, const float* panel, int64_t k0, int64_t k1, float* y, int64_t out,
                        bool add) {

@@ -10,7 +10,8 @@ with the `tokenizers` library:
 - special tokens (<|im_start|>, <|im_end|>, <|endoftext|> ...) are matched whole, never split.
 
 Both tokenizers share one small interface: encode(text) -> ids, decode(ids) -> text,
-apply_chat_template(messages) -> text, eos_token_id, vocab_size.
+id_to_token(id) -> the token's own string, apply_chat_template(messages) -> text, eos_token_id,
+vocab_size.
 
 Not handled: other GGUF tokenizer types (SentencePiece "llama", unigram), added-token normalization.
 """
@@ -79,6 +80,10 @@ class GGUFTokenizer(ChatTemplateMixin):
     def token_to_id(self, token: str):
         return self._tok.token_to_id(token)
 
+    def id_to_token(self, token_id: int) -> str:
+        """The token as the vocabulary spells it (byte-level: a leading space shows as 'Ġ')."""
+        return self._tok.id_to_token(token_id)
+
 
 class ByteTokenizer(ChatTemplateMixin):
     """One token per UTF-8 byte (ids 0..255), plus three special tokens. For the tiny test model.
@@ -105,6 +110,13 @@ class ByteTokenizer(ChatTemplateMixin):
                 ids.extend(text[i].encode("utf-8"))
                 i += 1
         return ids
+
+    def id_to_token(self, token_id: int) -> str:
+        """A printable ASCII byte as itself, any other byte as <0xNN>, a special token by its name."""
+        for name, sid in self.SPECIAL.items():
+            if sid == token_id:
+                return name
+        return chr(token_id) if 32 <= token_id < 127 else f"<0x{token_id:02X}>"
 
     def decode(self, ids, skip_special_tokens: bool = True) -> str:
         names = {v: k for k, v in self.SPECIAL.items()}

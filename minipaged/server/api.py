@@ -8,6 +8,9 @@ Routes:
     POST /v1/completions        prompt (a string, strings, token ids)  -> text_completion
     POST /v1/chat/completions   messages, through the model's chat template -> chat.completion
     GET  /v1/models             the one model served
+    POST /tokenize              a prompt or chat messages -> {count, max_model_len, tokens, token_strs}
+    POST /detokenize            {tokens} -> {prompt}: vLLM's two helper routes (benchmark clients use
+                                /tokenize to size their prompts)
     GET  /health                200 while the engine thread runs
     GET  /metrics               the engine's metrics in Prometheus's text format (metrics_export.py)
     GET  /dashboard             the live view of the KV pool (dashboard.py); /dashboard/state is its data
@@ -22,11 +25,14 @@ takes back later (llm_engine.py holds such text back).
 
 Everything is checked before the engine sees the request (protocol.py, then the engine's own
 checks): a bad field is a 400 whose message is the engine's ValueError, in OpenAI's error shape
-``{"error": {"message", "type", "param", "code"}}``. An unknown model is a 404, a missing or wrong
-API key a 401, a body over ``max_body_bytes`` a 413. A client that hangs up (mid-stream or while
-waiting for a whole answer) aborts its requests: their blocks go back at the engine's next pass.
+``{"error": {"message", "type", "param", "code"}}``, and so is a body that is not a JSON object. An
+unknown model is a 404, a body over ``max_body_bytes`` a 413. With ``--api-key``, every route asks for
+the key (401 without it) but ``/health`` and ``/metrics``, which stay open for load balancers and
+Prometheus scrapers as vLLM's do, and the dashboard's static page (its data, /dashboard/state, asks).
+A client that hangs up (mid-stream or while waiting for a whole answer) aborts its requests: their
+blocks go back at the engine's next pass.
 
-Not handled yet: several models or LoRA adapters, the embeddings / tokenize / responses endpoints,
+Not handled yet: several models or LoRA adapters, the embeddings and responses endpoints,
 request priorities, rate limits, TLS.
 """
 
@@ -36,10 +42,12 @@ import asyncio
 import json
 import re
 import uuid
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
+from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from minipaged.async_engine import AsyncLLMEngine, EngineStopped, RequestAborted
@@ -73,6 +81,17 @@ def bad_request(e: ValueError) -> APIError:
     return APIError(400, message, "invalid_request_error", match.group(1) if match else None)
 
 
+def _body_message(error: dict) -> str:
+    """What is wrong with a request body that FastAPI could not turn into fields."""
+    if error.get("type") == "json_invalid":
+        why = (error.get("ctx") or {}).get("error")
+        return ("the request body is not valid JSON" + (f" ({why})" if why else "")
+                + ": send a JSON object with Content-Type: application/json")
+    if error.get("type") == "missing":
+        return "the request body is empty: send a JSON object with Content-Type: application/json"
+    return "the request body must be a JSON object (with Content-Type: application/json)"
+
+
 def sse(data) -> bytes:
     """One server-sent event: ``data: <json>`` and a blank line."""
     return f"data: {data if isinstance(data, str) else json.dumps(data)}\n\n".encode()
@@ -81,11 +100,11 @@ def sse(data) -> bytes:
 # ---------------------------------------------------------------- middleware (pure ASGI)
 
 class Guard:
-    """Refuses a request before FastAPI reads it: 401 without the API key (every path but /health
-    and the dashboard's static page), 413 when the body is larger than max_body_bytes (checked on
-    Content-Length, and counted while a body without one arrives)."""
+    """Refuses a request before FastAPI reads it: 401 without the API key (every path but /health,
+    /metrics and the dashboard's static page), 413 when the body is larger than max_body_bytes
+    (checked on Content-Length, and counted while a body without one arrives)."""
 
-    OPEN_PATHS = ("/health", "/dashboard")
+    OPEN_PATHS = ("/health", "/metrics", "/dashboard")
 
     def __init__(self, app, api_key: str | None, max_body_bytes: int):
         self.app, self.api_key, self.max_body_bytes = app, api_key, max_body_bytes
@@ -144,6 +163,9 @@ def build_app(engine: AsyncLLMEngine, served_model_name: str, api_key: str | Non
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_, e: RequestValidationError):
         first = e.errors()[0]
+        whole_body = tuple(first.get("loc", ())) in (("body",), ("body", 1)) or first.get("type") == "json_invalid"
+        if whole_body:  # not a field's fault: the body is not JSON, not an object, or missing
+            return error_response(400, _body_message(first), "invalid_request_error")
         loc = [p for p in first.get("loc", ()) if p != "body"]
         fields = [str(p) for p in loc if isinstance(p, int) or not _UNION_MEMBER.match(str(p))]
         param = fields[0] if fields else None
@@ -195,6 +217,32 @@ def build_app(engine: AsyncLLMEngine, served_model_name: str, api_key: str | Non
     @app.get("/metrics")
     async def metrics():
         return Response(await exporter.render(), media_type=metrics_export.CONTENT_TYPE)
+
+    # -- vLLM's tokenizer routes
+    @app.post("/tokenize")
+    async def tokenize(body: dict[str, Any]):
+        kind = protocol.TokenizeChatRequest if "messages" in body else protocol.TokenizeCompletionRequest
+        if kind is protocol.TokenizeCompletionRequest and not isinstance(body.get("prompt"), str):
+            raise APIError(400, f"prompt must be a string (got {body.get('prompt')!r:.80}), or send messages "
+                                "instead", "invalid_request_error", "prompt")
+        try:
+            request = kind.model_validate(body)
+        except ValidationError as e:  # the same 400 as a bad field of the other routes
+            raise RequestValidationError([{**err, "loc": ("body", *err["loc"])} for err in e.errors()]) from None
+        ids = checked(request, lambda r: protocol.tokenize_inputs(r, tokenizer))
+        strs = [tokenizer.id_to_token(i) for i in ids] if request.return_token_strs else None
+        return {"count": len(ids), "max_model_len": engine.engine.max_model_len, "tokens": ids,
+                "token_strs": strs}
+
+    @app.post("/detokenize")
+    async def detokenize(body: protocol.DetokenizeRequest):
+        check_model(body.model)
+        vocab = engine.engine.config.vocab_size
+        for i, token in enumerate(body.tokens):
+            if not 0 <= token < vocab:
+                raise APIError(400, f"tokens[{i}]={token} is not in the vocabulary: ids lie in [0, {vocab})",
+                               "invalid_request_error", "tokens")
+        return {"prompt": tokenizer.decode(body.tokens, skip_special_tokens=False)}
 
     @app.get("/dashboard")
     async def dashboard_page():

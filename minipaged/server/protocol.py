@@ -46,7 +46,7 @@ class _Request(BaseModel):
     temperature: StrictFloat | None = None
     top_p: StrictFloat | None = None
     n: StrictInt = 1
-    seed: StrictInt | None = None
+    seed: StrictInt | None = Field(None, ge=0)  # OpenAI's seeds are non-negative
     stop: StrictStr | list[StrictStr] | None = None
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
@@ -90,7 +90,34 @@ class ChatCompletionRequest(_Request):
     response_format: dict[str, Any] | None = None
 
 
+class TokenizeCompletionRequest(BaseModel):
+    """POST /tokenize with a prompt, as vLLM's server takes it."""
+    model_config = ConfigDict(extra="forbid")
+    model: str | None = None
+    prompt: StrictStr
+    add_special_tokens: StrictBool = True
+    return_token_strs: StrictBool = False
+
+
+class TokenizeChatRequest(BaseModel):
+    """POST /tokenize with chat messages: the prompt the chat template makes of them."""
+    model_config = ConfigDict(extra="forbid")
+    model: str | None = None
+    messages: list[ChatMessage] = Field(min_length=1)
+    add_generation_prompt: StrictBool = True
+    continue_final_message: StrictBool = False
+    add_special_tokens: StrictBool = False
+    return_token_strs: StrictBool = False
+
+
+class DetokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    model: str | None = None
+    tokens: list[StrictInt]
+
+
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit for chat's top_logprobs
+ROLES = ("system", "developer", "user", "assistant", "tool")  # the roles OpenAI's chat API knows
 
 
 def _refuse(field: str, value, why: str):
@@ -157,8 +184,15 @@ def chat_inputs(body: ChatCompletionRequest) -> tuple[list[dict], SamplingParams
         if not 0 <= body.top_logprobs <= MAX_TOP_LOGPROBS:
             raise ValueError(f"top_logprobs={body.top_logprobs} is not allowed: an integer in [0, {MAX_TOP_LOGPROBS}]")
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
+    return chat_messages(body.messages), _sampling_params(body, max_tokens, logprobs, body.stream)
+
+
+def chat_messages(body_messages: list[ChatMessage]) -> list[dict]:
+    """The messages as {'role', 'content'} dicts of text; ValueError naming the message at fault."""
     messages = []
-    for i, m in enumerate(body.messages):
+    for i, m in enumerate(body_messages):
+        if m.role not in ROLES:
+            raise ValueError(f"messages[{i}].role={m.role!r} is not allowed: one of {', '.join(map(repr, ROLES))}")
         content = m.content
         if isinstance(content, list):  # OpenAI's content parts: only text ones here
             texts = []
@@ -169,7 +203,21 @@ def chat_inputs(body: ChatCompletionRequest) -> tuple[list[dict], SamplingParams
                 texts.append(part["text"])
             content = "".join(texts)
         messages.append({"role": m.role, "content": content or ""})
-    return messages, _sampling_params(body, max_tokens, logprobs, body.stream)
+    return messages
+
+
+def tokenize_inputs(body: TokenizeCompletionRequest | TokenizeChatRequest, tokenizer) -> list[int]:
+    """The token ids /tokenize answers with: the prompt's, or those of the chat template's text.
+
+    The engine never adds special tokens to a prompt (SmolLM2 has no BOS to prepend), so
+    ``add_special_tokens`` changes nothing here; it is accepted because vLLM's clients send it.
+    """
+    if isinstance(body, TokenizeChatRequest):
+        if body.continue_final_message:
+            _refuse("continue_final_message", True, "continuing the last message is not implemented")
+        return tokenizer.encode(tokenizer.apply_chat_template(chat_messages(body.messages),
+                                                              body.add_generation_prompt))
+    return tokenizer.encode(body.prompt)
 
 
 # ---------------------------------------------------------------- responses

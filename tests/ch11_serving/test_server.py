@@ -146,6 +146,7 @@ def test_usage_reports_prefix_cache_hits(client):
     ({"presence_penalty": 0.5}, "presence_penalty", "not supported"),
     ({"stream_options": {"include_usage": True}}, "stream_options", "stream=true"),
     ({"stop_token_ids": [10**6]}, "stop_token_ids", "[0, 259)"),
+    ({"seed": -5}, "seed", "greater than or equal to 0"),
 ])
 def test_a_bad_field_is_a_400_naming_it(client, fields, param, words):
     body = {"model": "tiny", "prompt": "hi", **fields}
@@ -163,6 +164,9 @@ def test_chat_errors(client):
                                        logprobs=True, top_logprobs=21)
     with pytest.raises(openai.BadRequestError, match="messages"):
         client.chat.completions.create(model="tiny", messages=[])
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="tiny", messages=[{"role": "wizard", "content": "x"}])
+    assert e.value.body["param"] == "messages[0].role" and "'user'" in e.value.body["message"]
     with pytest.raises(openai.BadRequestError, match="disagree"):
         client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], max_tokens=3,
                                        max_completion_tokens=4)
@@ -193,11 +197,36 @@ def test_unknown_model_oversized_body_and_bad_json(server, client):
     assert connection.getresponse().status == 413
     connection.close()
     status, body = server.post("/v1/completions", b"{not json")
-    assert status == 400 and "error" in body
+    assert status == 400 and "not valid JSON" in body["error"]["message"], body
+    status, body = server.post("/v1/completions", b"[1, 2]")
+    assert status == 400 and "must be a JSON object" in body["error"]["message"], body
     status, models = server.get("/v1/models")
     assert status == 200 and json.loads(models)["data"][0]["id"] == "tiny"
     assert client.completions.create(model="tiny", prompt="still serving", max_tokens=2).choices[0].text is not None
     assert server.wait_idle()
+
+
+def test_tokenize_and_detokenize_speak_vllms_shapes(server, client, offline):
+    tokenizer = offline.get_tokenizer()
+    status, body = server.post("/tokenize", {"model": "tiny", "prompt": "Paging splits memory"})
+    assert status == 200 and body["tokens"] == tokenizer.encode("Paging splits memory")
+    assert body["count"] == len(body["tokens"]) and body["max_model_len"] == 512 and body["token_strs"] is None
+    status, strs = server.post("/tokenize", {"prompt": "Hi", "return_token_strs": True})
+    assert strs["token_strs"] == ["H", "i"]
+    # the chat form counts exactly the prompt tokens a chat completion is billed for
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is a block?"}]
+    status, chat = server.post("/tokenize", {"model": "tiny", "messages": messages})
+    reply = client.chat.completions.create(model="tiny", messages=messages, max_tokens=2)
+    assert status == 200 and chat["count"] == reply.usage.prompt_tokens
+    status, back = server.post("/detokenize", {"model": "tiny", "tokens": chat["tokens"]})
+    assert status == 200 and back["prompt"] == tokenizer.apply_chat_template(messages, True)
+    for route, bad, param in (("/tokenize", {"prompt": 5}, "prompt"),
+                              ("/tokenize", {"messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role"),
+                              ("/tokenize", {"prompt": "x", "model": "gpt-4"}, "model"),
+                              ("/detokenize", {"tokens": [72, 10**6]}, "tokens"),
+                              ("/detokenize", {"tokens": "72"}, "tokens")):
+        status, error = server.post(route, bad)
+        assert status in (400, 404) and error["error"]["param"] == param, (route, bad, error)
 
 
 # ---------------------------------------------------------------- many clients, hang-ups, metrics
@@ -293,9 +322,12 @@ def test_the_api_key_is_required_when_given():
         assert status == 401 and body["error"]["type"] == "authentication_error"
         good = openai.OpenAI(base_url=server.url + "/v1", api_key="sesame", max_retries=0)
         assert good.completions.create(model="tiny", prompt="hi", max_tokens=2).usage.completion_tokens >= 1
-        assert server.get("/metrics")[0] == 401
-        assert server.get("/metrics", {"Authorization": "Bearer sesame"})[0] == 200
-        assert server.get("/health")[0] == 200  # health checks need no key
+        # as vLLM's: health checks and Prometheus scrapers need no key; the dashboard's data and
+        # the tokenizer routes do
+        assert server.get("/metrics")[0] == 200 and server.get("/health")[0] == 200
+        assert server.get("/dashboard/state")[0] == 401
+        assert server.get("/dashboard/state", {"Authorization": "Bearer sesame"})[0] == 200
+        assert server.post("/tokenize", {"prompt": "hi"})[0] == 401
     assert server.returncode == 0
 
 

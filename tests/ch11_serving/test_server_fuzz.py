@@ -1,6 +1,7 @@
-"""Random request bodies, good and bad, at the real server: every answer is a 200 or an OpenAI-shaped
-400/404 (never a 500, never a hang), a bad one names a field, and afterwards the engine holds nothing
-and still serves. Derandomized, so a failure reproduces."""
+"""Random request bodies, good and bad, at the real server (completions, chat, tokenize, detokenize):
+every answer is a 200 or an OpenAI-shaped 400/404 (never a 500, never a hang), a bad one names a
+field, and afterwards the engine holds nothing and still serves. Derandomized, so a failure
+reproduces."""
 
 import pytest
 
@@ -51,8 +52,20 @@ def test_random_bodies_get_a_200_or_a_clear_error_and_leak_nothing(server):
     def chat(messages, fields):
         _check(server, {"messages": messages, **fields}, "/v1/chat/completions")
 
+    @settings(max_examples=60, derandomize=True, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(body=st.one_of(
+        st.fixed_dictionaries({"prompt": PROMPTS}, optional={"model": FIELDS["model"], "return_token_strs": ODD,
+                                                             "add_special_tokens": ODD}),
+        st.fixed_dictionaries({"messages": st.one_of(st.lists(message, max_size=2), ODD)},
+                              optional={"add_generation_prompt": ODD, "continue_final_message": ODD}),
+        st.fixed_dictionaries({"tokens": st.one_of(st.lists(st.integers(-2, 300), max_size=5), ODD)}),
+    ))
+    def tokenizer_routes(body):
+        _check(server, body, "/detokenize" if "tokens" in body else "/tokenize")
+
     completions()
     chat()
+    tokenizer_routes()
     assert server.wait_idle(), "a request was left running or blocks held"
     status, _ = server.post("/v1/completions", {"model": "tiny", "prompt": "still here", "max_tokens": 2})
     assert status == 200
@@ -66,6 +79,10 @@ def _check(server, body, path):
         assert error["type"] == "invalid_request_error" and error["message"], error
         if status == 404:
             assert error["param"] == "model"
+    elif path == "/tokenize":
+        assert answer["count"] == len(answer["tokens"]), answer
+    elif path == "/detokenize":
+        assert isinstance(answer["prompt"], str), answer
     elif body.get("stream") is True:
         assert answer["text"].rstrip().endswith("data: [DONE]"), answer["text"][-200:]
     else:

@@ -101,9 +101,12 @@ class IncrementalDetokenizer:
         return self._final if self._final is not None else self._committed + self._pending
 
     def _stream_len(self) -> int:
+        """How many characters of `text` a client may be shown now."""
+        # exercise 11.1: begin
         if self.finished:
             return len(self.text)
         return max(0, len(self._committed) - self.hold_back)
+        # exercise 11.1: end
 
     def safe_text(self) -> str:
         """The prefix of `text` that may be streamed now: no trailing partial character and, until the
@@ -121,8 +124,10 @@ class IncrementalDetokenizer:
 
         Invariant: the streamable text only grows (committed text is never re-decoded, and a stop cut
         falls at or after len(committed) - hold_back), so each delta extends what was shown before."""
+        # exercise 11.1: begin
         end = self._stream_len()
         assert end >= self._sent, "streamed text would be taken back"
         source = self.text if self.finished else self._committed  # avoid joining the pending text
         out, self._sent = source[self._sent:end], end
         return out
+        # exercise 11.1: end

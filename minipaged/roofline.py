@@ -53,11 +53,14 @@ class StepCost:
 
 def decode_step_cost(cfg: ModelConfig, batch: int, context: int, bytes_per_param: float = 4,
                      bytes_per_value: int = 4) -> StepCost:
-    """Cost of one decode step: `batch` sequences each add one token after `context` cached tokens.
+    """Cost of one decode step: `batch` sequences each add one token whose query attends over
+    `context` keys.
 
     Matmuls: 2 FLOPs per weight per token. Attention: q·k and p·v are 2 x 2 x heads x head_dim FLOPs
-    per cached token per layer.
+    per key per layer. Bytes: every weight once for the whole batch, every key's K and V once per
+    sequence.
     """
+    # exercise 00.2: begin
     matmul_flops = 2 * cfg.num_params * batch
     attn_flops = 4 * cfg.num_layers * cfg.num_heads * cfg.head_dim * context * batch
     return StepCost(
@@ -65,6 +68,7 @@ def decode_step_cost(cfg: ModelConfig, batch: int, context: int, bytes_per_param
         weight_bytes=weight_bytes(cfg, bytes_per_param),
         kv_bytes=kv_bytes_per_token(cfg, bytes_per_value) * context * batch,
     )
+    # exercise 00.2: end
 
 
 def prefill_cost(cfg: ModelConfig, prompt_len: int, bytes_per_param: float = 4) -> StepCost:

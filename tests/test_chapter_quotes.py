@@ -6,59 +6,29 @@ that file as consecutive lines. A line "..." in a quote stands for lines left ou
 the pieces between must each match consecutive lines, in order. A header that says "trimmed" or "left
 out" quotes with lines left out anywhere: each quoted line must still appear in the file, in order.
 Runs of spaces (comment alignment) do not count, nor do the graded exercises' region markers
-(``# exercise NN.K: begin`` / ``end``, minipaged/exercises/regions.py).
+(``# exercise NN.K: begin`` / ``end``, minipaged/exercises/regions.py). The matching lives in
+minipaged/exercises/answers.py, which a student copy also uses to leave out the quotes of the code a
+student writes.
 """
 
-import re
 from pathlib import Path
 
 import pytest
 
-from minipaged.exercises.regions import MARKER
+from minipaged.exercises.answers import quote_mismatch, quoted_blocks
 
 ROOT = Path(__file__).resolve().parents[1]
-QUOTE = re.compile(r"```python\n# (minipaged/[\w/]+\.py)([^\n]*)\n(.*?)```", re.S)
 
 
 def quotes():
-    for chapter in sorted((ROOT / "chapters").glob("*/README.md")):
-        for m in QUOTE.finditer(chapter.read_text()):
-            yield pytest.param(m.group(1), m.group(2), m.group(3), id=f"{chapter.parent.name}:{m.group(1)}{m.group(2)}")
-
-
-def normalized(lines):
-    return [" ".join(line.split()) for line in lines if line.strip() and not MARKER.match(line)]
-
-
-def find_run(source, run, start):
-    """Index just past the first match of run in source at or after start, or None."""
-    for i in range(start, len(source) - len(run) + 1):
-        if source[i:i + len(run)] == run:
-            return i + len(run)
-    return None
+    for chapter, path, header, body in quoted_blocks(ROOT):
+        yield pytest.param(path, header, body, id=f"{chapter.parent.name}:{path}{header}")
 
 
 @pytest.mark.parametrize("path,header,body", list(quotes()))
 def test_quote_matches_the_source(path, header, body):
-    source = normalized((ROOT / path).read_text().splitlines())
-    quoted = normalized(body.splitlines())
-    if "trimmed" in header or "left out" in header:
-        it = iter(source)
-        assert all(line in it for line in quoted if line != "..."), (
-            f"{path}{header}: a quoted line is missing or out of order")
-        return
-    pieces, piece = [], []
-    for line in quoted:  # "..." splits the quote into runs that must each match, in order
-        if line == "...":
-            pieces.append(piece)
-            piece = []
-        else:
-            piece.append(line)
-    pieces.append(piece)
-    at = 0
-    for piece in filter(None, pieces):
-        at = find_run(source, piece, at)
-        assert at is not None, f"{path}{header}: the quote no longer matches the file; copy it again: {piece[0]!r}"
+    problem = quote_mismatch(ROOT, path, header, body)
+    assert problem is None, problem
 
 
 def test_chapters_quote_something():

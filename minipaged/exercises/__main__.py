@@ -1,13 +1,14 @@
 """The graded exercises' command line (the instructor's page, docs/pages/instructors.md, walks through it).
 
     python -m minipaged.exercises list [--chapter 03] [--json]
-    python -m minipaged.exercises student DIR [--upto 04] [--only 03.1,03.2]
+    python -m minipaged.exercises student DIR [--upto 04] [--only 03.1,03.2] [--keep-answers]
     python -m minipaged.exercises check 03.1
     python -m minipaged.exercises grade DIR [DIR ...] [--csv grades.csv]
     python -m minipaged.exercises render [--check]
 
 ``student`` writes a copy of this repository in which each chosen exercise's solution region is a stub
-that raises NotImplementedError, with its task in a comment. ``check`` runs one exercise's tests in the
+that raises NotImplementedError, with its task in a comment, and the chapters leave out their worked
+answers and the quotes of the code to write (``--keep-answers`` keeps them). ``check`` runs one exercise's tests in the
 repository you stand in (your copy) and says how many pass and what failed first. ``grade`` runs every
 exercise's tests against each student copy's ``minipaged/``, with this repository's tests, and prints
 one row per exercise (CSV with ``--csv``). ``render`` writes the catalog into each chapter's Exercises
@@ -71,8 +72,14 @@ def cmd_student(args) -> int:
     exercises = _select(all_exercises(), args.only, upto=args.upto)
     if not exercises:
         raise ValueError("no exercise matches --upto/--only; `python -m minipaged.exercises list` shows them")
-    done = student_copy(repo_root(), Path(args.dir), exercises)
+    copy = student_copy(repo_root(), Path(args.dir), exercises, keep_answers=args.keep_answers)
+    done = copy.stubbed
     print(f"Wrote a student copy to {args.dir} with {len(done)} exercise(s) to write: {', '.join(done)}.")
+    if args.keep_answers:
+        print("The chapters keep their worked answers and quoted solutions (--keep-answers).")
+    else:
+        print(f"Left out of its text: {copy.left_out.answers} worked answers and {len(copy.left_out.quotes)} "
+              "quotes of the code to write (--keep-answers keeps them).")
     print(f"Start there (in an environment with the requirements installed): cd {args.dir} && "
           f"python -m minipaged.exercises check {done[0]}")
     return 0
@@ -157,6 +164,9 @@ def main(argv=None) -> int:
     p.add_argument("dir", help="a new folder to write the copy to")
     p.add_argument("--upto", type=_chapter, help="stub only the exercises of chapters up to this one (e.g. 04)")
     p.add_argument("--only", help="stub only these exercise ids, comma-separated (e.g. 03.1,03.2)")
+    p.add_argument("--keep-answers", action="store_true",
+                   help="keep the chapters' worked answers and quotes of the code to write (self-study, "
+                        "or the instructor's copy)")
     p.set_defaults(run=cmd_student)
     p = sub.add_parser("check", help="run one exercise's tests here and say how many pass and what failed first")
     p.add_argument("id", help="the exercise id, e.g. 03.1")

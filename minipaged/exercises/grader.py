@@ -1,6 +1,8 @@
 """Making a student copy, and running an exercise's tests against a copy.
 
-    student_copy(src, dst, exercises)   the repository with those exercises' regions stubbed
+    student_copy(src, dst, exercises)   the repository with those exercises' regions stubbed, and
+                                        the text without worked answers or quoted solutions
+                                        (answers.py; keep_answers=True keeps them)
     run_tests(root, exercises)          run their tests in ``root``; one Result per exercise
     grading_tree(student, reference)    a temporary tree: the student's minipaged/ with the
                                         reference's tests, so that editing a test changes no grade
@@ -23,6 +25,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from minipaged.exercises.answers import LeftOut, solution_lines, strip_answers, text_files
 from minipaged.exercises.regions import find_regions, is_stub, stub_file
 
 # Never copied into a student copy: version control, environments, build outputs, caches.
@@ -44,9 +47,16 @@ def _ignore(folder, names):
     return [n for n in names if n in SKIP_DIRS or n.endswith(".egg-info")]
 
 
-def student_copy(src: Path, dst: Path, exercises) -> list[str]:
+@dataclass
+class StudentCopy:
+    stubbed: list[str]  # the exercise ids whose regions are stubs
+    left_out: LeftOut  # worked answers and quoted solutions taken out of the text (none with keep_answers)
+
+
+def student_copy(src: Path, dst: Path, exercises, keep_answers: bool = False) -> StudentCopy:
     """Copy the repository ``src`` to ``dst`` (which must not exist, or be empty) with the solution regions
-    of ``exercises`` replaced by stubs. Returns the ids stubbed. ValueError if an exercise has no region."""
+    of ``exercises`` replaced by stubs and, unless ``keep_answers``, the chapters' and docs' worked answers
+    and quotes of those regions taken out. ValueError if an exercise has no region."""
     dst = Path(dst)
     if dst.exists() and any(dst.iterdir()):
         raise ValueError(f"DIR={str(dst)!r} exists and is not empty; name a new folder")
@@ -62,7 +72,21 @@ def student_copy(src: Path, dst: Path, exercises) -> list[str]:
             by_file.setdefault(region.path, []).append(region)
     for rel, file_regions in by_file.items():
         (dst / rel).write_text(stub_file((src / rel).read_text(), file_regions, by_id))
-    return sorted(by_id)
+    left_out = LeftOut(0, ())
+    if not keep_answers:
+        solutions: dict[str, dict[str, set[str]]] = {}
+        for ex in by_id:
+            for region in regions[ex]:
+                solutions.setdefault(region.path.as_posix(), {})[ex] = solution_lines(src, [region]) | \
+                    solutions.get(region.path.as_posix(), {}).get(ex, set())
+        answers, quotes = 0, []
+        for path in text_files(dst):
+            text, out = strip_answers(path.read_text(), solutions)
+            if out.answers or out.quotes:
+                path.write_text(text)
+            answers, quotes = answers + out.answers, quotes + list(out.quotes)
+        left_out = LeftOut(answers, tuple(quotes))
+    return StudentCopy(sorted(by_id), left_out)
 
 
 @dataclass

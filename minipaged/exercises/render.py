@@ -1,5 +1,6 @@
 """The graded exercises as text: each chapter's list, and the instructor page's table, rendered from
-the catalog between two HTML comments, so that the text and the grader never disagree.
+the catalog between two HTML comments, so that the text and the grader never disagree; and the
+course's time budget and semester plan (syllabus.py), which add the catalog's minutes up.
 
     python -m minipaged.exercises render           rewrite them
     python -m minipaged.exercises render --check   exit 1 if any is out of date (a test runs this)
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from minipaged.exercises import syllabus
 from minipaged.exercises.regions import files_of, find_regions
 
 BEGIN = "<!-- graded exercises: begin (rendered by `python -m minipaged.exercises render`; edit the catalog) -->"
@@ -87,6 +89,17 @@ def rendered_files(root: Path, exercises) -> dict[Path, str]:
         if replaced is None:
             raise ValueError(f"{page.relative_to(root)} lacks the graded-exercise markers")
         out[page] = replaced
+    for path, begin, end, block in (
+            (root / "docs" / "pages" / "about.md", syllabus.TIME_BEGIN, syllabus.TIME_END,
+             syllabus.time_table(exercises)),
+            (page, syllabus.PLAN_BEGIN, syllabus.PLAN_END, syllabus.semester_plan(exercises)),
+            (root / "README.md", syllabus.TOTAL_BEGIN, syllabus.TOTAL_END, syllabus.course_length(exercises))):
+        if not path.exists():
+            continue
+        replaced = syllabus.replace_between(out.get(path, path.read_text()), begin, end, block)
+        if replaced is None:
+            raise ValueError(f"{path.relative_to(root)} lacks the markers {begin!r} ... {end!r}")
+        out[path] = replaced
     return out
 
 

@@ -30,6 +30,8 @@ class PerRequestKVCache:
         return 0 if self.k[0] is None else self.k[0].shape[0]
 
     def attend(self, layer: int, q, k, v):  # q [T, H, Dh]; k, v [T, KVH, Dh] for the T new tokens
+        """Keep the new tokens' K and V for `layer`, then attend the new queries over every kept row."""
+        # exercise 00.1: begin
         if self.k[layer] is None:  # prefill: the prompt's K and V
             self.k[layer], self.v[layer] = k, v
         else:  # decode: append the new rows
@@ -38,6 +40,7 @@ class PerRequestKVCache:
         cached = self.k[layer].shape[0]
         scale = q.shape[-1] ** -0.5
         return dense_attention(q, self.k[layer], self.v[layer], scale, causal_offset=cached - q.shape[0])
+        # exercise 00.1: end
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.k + self.v if t is not None)

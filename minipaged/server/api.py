@@ -398,7 +398,8 @@ def _stream(engine, request_id, ids, params, chunk, first, body, model, kind) ->
                 yield sse(first(index))
         try:
             async for i, out in _merged(engine, request_id, ids, params):
-                for c in out.outputs:
+                for c in out.outputs:  # choice c of prompt i: its delta since the last output
+                    # exercise 11.2: begin
                     index = i * n + c.index
                     if index in finished:
                         continue
@@ -408,6 +409,7 @@ def _stream(engine, request_id, ids, params, chunk, first, body, model, kind) ->
                     elif not c.text and not (wants_logprobs and c.token_ids):  # text held back: nothing to show
                         continue
                     yield sse(chunk(i, c))
+                    # exercise 11.2: end
                 if out.finished:
                     prompt_tokens += len(out.prompt_token_ids)
                     cached += out.num_cached_tokens

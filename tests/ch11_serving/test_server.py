@@ -17,13 +17,16 @@ GREEDY = dict(temperature=0, max_tokens=24)
 
 
 def joined(stream):
-    """{choice index: (text, [finish reasons])} of a completions or chat stream, and the usage chunk."""
+    """{choice index: (text, [finish reasons])} of a completions or chat stream, and the usage chunk;
+    asserts that every chunk carries text, a finish reason, or (chat) the assistant's role."""
     texts, reasons, usage = {}, {}, None
     for chunk in stream:
         if not chunk.choices:
             usage = chunk.usage
         for c in chunk.choices:
             piece = c.text if hasattr(c, "text") else (c.delta.content or "")
+            opens_chat = not hasattr(c, "text") and c.delta.role == "assistant"
+            assert piece or c.finish_reason is not None or opens_chat, f"a chunk with nothing in it: {chunk}"
             texts[c.index] = texts.get(c.index, "") + piece
             if c.finish_reason is not None:
                 reasons.setdefault(c.index, []).append(c.finish_reason)

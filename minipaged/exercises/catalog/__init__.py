@@ -1,4 +1,4 @@
-"""The graded exercises, one module per chapter (ch01.py ... ch10.py), each a list ``EXERCISES``.
+"""The graded exercises, one module per chapter (ch00.py ... ch11.py), each a list ``EXERCISES``.
 
 An exercise names its solution region in ``minipaged/`` (by its id, ``NN.K``: chapter NN, exercise K),
 says in a few sentences what to write, which invariant must hold and a hint, and lists the tests that
@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass
 
-CHAPTER_MODULES = ("ch01", "ch02", "ch03", "ch04", "ch05", "ch06", "ch07", "ch08", "ch09", "ch10")
+CHAPTER_MODULES = ("ch00", "ch01", "ch02", "ch03", "ch04", "ch05", "ch06", "ch07", "ch08", "ch09", "ch10", "ch11")
 
 
 @dataclass(frozen=True)

@@ -21,10 +21,14 @@ needs_ptxas = pytest.mark.skipif(not _has_ptxas(), reason=f"ptxas is missing: pi
 
 
 @pytest.mark.parametrize("regs, smem, threads, expected", [
-    # 127 x 32 = 4,064 -> 4,096 a warp; 65,536 / 4,096 = 16 warps = 4 blocks of 4 (Nsight: "Block Limit Registers 4")
+    # 127 x 32 = 4,064 -> 4,096 a warp; 16,384 / 4,096 = 4 warps a quarter, 16 = 4 blocks of 4
+    # (Nsight Compute on v1: "Block Limit Registers 4")
     (127, 23104, 128, (4, 0.25, "registers")),
-    # 164 x 32 = 5,248 -> 5,376 a warp; 65,536 // 5,376 = 12 warps = 3 blocks
+    # 164 x 32 = 5,248 -> 5,376 a warp; 16,384 // 5,376 = 3 warps a quarter, 12 = 3 blocks
     (164, 23104, 128, (3, 0.1875, "registers")),
+    # 40 x 32 = 1,280 a warp; a quarter of the register file (16,384) holds 12 warps, so 48 = 24 blocks of 2
+    # (Nsight Compute on the merge kernel: "Block Limit Registers 24", theoretical occupancy 75%)
+    (40, 0, 64, (24, 0.75, "registers")),
     # 48 KiB + 1 KiB reserved a block: 228 KiB // 49 KiB = 4 blocks; registers would allow 16
     (32, 48 * 1024, 128, (4, 0.25, "shared memory")),
     # 1,024 threads: 2,048 / 1,024 = 2 blocks, every warp slot filled

@@ -21,8 +21,9 @@ memory's bandwidth.
 The SM limits in ``SM_LIMITS`` are the per-compute-capability figures of the CUDA C++ Programming
 Guide's table of technical specifications (registers and threads per SM, resident blocks, shared
 memory per SM and per block) and the allocation rules of NVIDIA's CUDA occupancy calculator (registers
-are granted to a warp in units of 256; shared memory in units of 128 bytes, plus 1 KiB the system
-keeps per block from compute capability 8.0 on).
+are granted to a warp in units of 256, and the warps that fit are counted per quarter of the register
+file, one quarter per scheduler; shared memory is granted in units of 128 bytes, plus 1 KiB the system
+keeps per block from compute capability 8.0 on). Nsight Compute's "Block Limit" rows apply the same rules.
 
 Not handled: dynamic shared memory (the kernels declare theirs statically), the L1/shared carveout the
 driver picks at launch (the arithmetic assumes the largest), register limits set by launch bounds,
@@ -68,6 +69,7 @@ class KernelResources:
 class SMLimits:
     registers: int = 65536          # 32-bit registers per SM
     register_unit: int = 256        # registers are granted per warp in units of this many
+    register_banks: int = 4         # the register file is split over the SM's 4 schedulers (sub-partitions)
     max_registers_per_thread: int = 255
     threads: int = 2048             # resident threads per SM
     warps: int = 64                 # resident warps per SM
@@ -102,7 +104,8 @@ def occupancy(registers: int, shared_bytes: int, threads_per_block: int, cc=(9, 
     per_warp = math.ceil(max(registers, 1) * 32 / lim.register_unit) * lim.register_unit
     per_block_shared = math.ceil(shared_bytes / lim.shared_unit) * lim.shared_unit + lim.shared_reserved
     by = {
-        "registers": (lim.registers // per_warp) // warps,
+        # each scheduler's quarter of the register file holds whole warps: floor per quarter, then x 4
+        "registers": lim.register_banks * ((lim.registers // lim.register_banks) // per_warp) // warps,
         "shared memory": lim.shared_bytes // per_block_shared,
         "threads": min(lim.threads // (warps * 32), lim.warps // warps),
         "blocks": lim.blocks,

@@ -196,7 +196,7 @@ def read_run(folder: str | Path) -> dict:
         return found if found is not None else _load(folder, name)
 
     log = get("gpu_check.log")
-    pytest_part = log.split("==> pytest", 1)[1] if log and "==> pytest" in log else None
+    pytest_part = log.split("==> pytest", 1)[1].split("\n==> ", 1)[0] if log and "==> pytest" in log else None
     env = get("env.json")
     if env is None:
         raise ValueError(f"{folder}: no env.json (the env step of gpu_check.sh writes it)")

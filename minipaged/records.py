@@ -347,7 +347,7 @@ def measure(chapter: str | None = None, only: list[str] | None = None, dry_run: 
     wanted = f"{int(chapter):02d}" if chapter is not None and str(chapter).isdigit() else chapter
     if wanted is not None and wanted not in numbers:
         raise ValueError(f"--chapter must be one of the chapter numbers {', '.join(numbers)}, got {chapter!r}")
-    todo = []
+    todo, skipped = [], []
     for folder in folders:
         if wanted is not None and folder.name[:2] != wanted:
             continue
@@ -358,12 +358,15 @@ def measure(chapter: str | None = None, only: list[str] | None = None, dry_run: 
             if record["machine"].get("gpu"):
                 print(f"[{folder.name[:2]}/{path.stem}] skipped: measured on an {record['machine']['gpu']} by "
                       f"`{record['command']}`; take it again there (see the record's assembled_by)")
+                skipped.append(path.stem)
                 continue
             todo.append((folder.name[:2], path.stem, record["command"]))
-    unknown = sorted(set(only or ()) - {name for _, name, _ in todo})
+    unknown = sorted(set(only or ()) - {name for _, name, _ in todo} - set(skipped))
     if unknown:
         raise ValueError(f"--only: no record named {', '.join(unknown)} (in the chapters chosen); "
                          f"`python -m minipaged.records list` shows them all")
+    if not todo and skipped:
+        return 0
     if not todo:
         raise ValueError(f"no record matches --chapter {chapter}; `python -m minipaged.records list` shows them all")
     if not dry_run and git_commit()["dirty"]:

@@ -118,6 +118,12 @@ def test_a_missing_record_or_path_says_what_to_run(tmp_path):
         records.render_text("1<!-- fig: r b d -->", chapter)
 
 
+def test_measure_skips_a_gpu_record_and_says_where_it_comes_from(capsys):
+    assert records.main(["measure", "--chapter", "10", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "[10/gpu_check] skipped: measured on an NVIDIA H200" in out and "scripts/gpu_check.sh" in out
+
+
 def test_a_part_of_the_output_is_kept_by_name(tmp_path):
     chapter = _fake(tmp_path, {"a": 1}, stdout="== one ==\nx\ny\n== two ==\nz\n")
     out = records.render_text("<!-- record: r part=one -->\n<!-- /record -->", chapter).text

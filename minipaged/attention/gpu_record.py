@@ -181,12 +181,13 @@ def report(res: dict) -> str:
         out.append(f"{s['shape']} batch {s['batch']} ctx {s['context']}, us by partitions  {cells}")
     c = res["ceilings"]
     if c:
-        out += ["== ceilings ==", f"torch device copy          {c['torch_copy_gbps']:>6,.0f} GB/s (read + write)"]
+        out += ["== ceilings ==", f"{'torch device copy':36} {c['torch_copy_gbps']:>6,.0f} GB/s  (read + write)"]
         for w, g in c["flat_read_gbps"].items():
-            out.append(f"numba flat read, {w}-byte words {g:>6,.0f} GB/s  {c['flat_read_fraction'][w]:6.1%} of peak")
+            label = f"numba flat read, {w}-byte words"
+            out.append(f"{label:36} {g:>6,.0f} GB/s  {c['flat_read_fraction'][w]:6.1%} of peak")
         for p in c["paged_read"]:
-            out.append(f"numba paged read, {p['shape']} {p['batch']} x {p['context']:<5} {p['gbps']:>6,.0f} GB/s  "
-                       f"{p['fraction_of_peak']:6.1%} of peak ({p['best']})")
+            label = f"numba paged read, {p['shape']} {p['batch']} x {p['context']}"
+            out.append(f"{label:36} {p['gbps']:>6,.0f} GB/s  {p['fraction_of_peak']:6.1%} of peak ({p['best']})")
     if res["ncu"]:
         out += ["== ncu ==", f"{'kernel':30} {'us':>7} {'regs':>4} {'theor.':>6} {'achieved':>8} {'DRAM':>5} "
                              f"{'SM':>5} {'grid':>12}"]

@@ -133,7 +133,10 @@ def measure_flat(device, timer, iters=10) -> dict:
     return out
 
 
-def measure_paged(cfg, name, batch, context, timer, peak_gbps, iters=10) -> dict:
+def measure_paged(cfg, name, batch, context, timer, peak_gbps, iters=10, threads_tried=PAGED_THREADS,
+                  partitions_tried=PAGED_PARTITIONS) -> dict:
+    """The fastest paged read over the thread counts and partition counts tried, at one shape; its
+    checksum checked against torch's where the shape is small enough to gather (at most 64 x 2,048)."""
     from minipaged.attention.bench_kernels import _uniform_decode_batch
 
     b = _uniform_decode_batch(cfg, batch, context, timer.device)
@@ -141,8 +144,8 @@ def measure_paged(cfg, name, batch, context, timer, peak_gbps, iters=10) -> dict
     nbytes = 2 * batch * context * cfg.num_kv_heads * cfg.head_dim * 2  # K and V, fp16
     want = paged_reference_checksum(*args) if batch * context <= 64 * 2048 else None
     tried = {}
-    for threads in PAGED_THREADS:
-        for parts in PAGED_PARTITIONS:
+    for threads in threads_tried:
+        for parts in partitions_tried:
             if parts > 1 and context // parts < 64:
                 continue
             out, call = paged_read_call(*args, parts, threads)

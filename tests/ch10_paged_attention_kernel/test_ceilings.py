@@ -69,3 +69,25 @@ def test_the_ceiling_kernels_compile_for_sm90_with_the_widths_they_are_named_for
         assert set(got[f"flat_read_{width}B"]["loads_by_width"]) == {str(width)}
     assert "8" in got["paged_read"]["loads_by_width"] and "2" not in got["paged_read"]["loads_by_width"]
     assert all(r["f64_mentions"] == 0 and r["local_mentions"] == 0 for r in got.values())
+
+
+def test_the_paged_ceiling_keeps_the_fastest_checked_configuration(numba_cuda):
+    """What gpu_check's ceilings step does at each shape, on a tiny one, timed by the wall clock."""
+    from minipaged.attention.bench_kernels import WallTimer
+    from minipaged.attention.ceilings import measure_paged
+    from minipaged.model.config import TINY
+
+    row = measure_paged(TINY, "tiny", 2, 40, WallTimer("cpu"), peak_gbps=1.0, iters=1, threads_tried=(32,),
+                        partitions_tried=(1, 2))
+    assert row["checked"] and set(row["us_tried"]) == {"P1_T32"}  # 40 tokens: no partition of 64
+    assert row["best"] == "P1_T32" and row["bytes"] == 2 * 2 * 40 * 2 * 16 * 2
+    assert row["gbps"] == pytest.approx(row["bytes"] / (row["us"] * 1e3))
+
+
+def test_the_profiler_runs_the_kernels_the_benchmark_timed():
+    from minipaged.attention.profile_target import kernels_from_bench
+
+    row = {"shape": "smollm2", "batch": 64, "context": 2048, "v2_partitions": 6,
+           "us": {"numba": 1.0, "numba_v1": 1.0, "numba_v2": 1.0, "numba_v3": 1.0, "sdpa": 1.0, "reference": 1.0}}
+    assert kernels_from_bench({"rows": [row]}) == [("auto", None), ("v1", None), ("v2", 6), ("v3", None)]
+    assert kernels_from_bench(None) == [("auto", None), ("v1", None), ("v2", None)]

@@ -67,10 +67,13 @@ step check 120 40 "$PY" -m minipaged.attention.bench_kernels --check --out "$RAW
 step ceilings 120 40 "$PY" -m minipaged.attention.ceilings --out "$RAW/ceilings.json" --budget-s 80
 step e2e 90 40 "$PY" scripts/gpu_e2e.py --out "$RAW/e2e.json"
 if command -v ncu >/dev/null; then
-    step ncu 150 60 bash -c "ncu --nvtx --nvtx-include 'profile/' --clock-control none --launch-count 12 \
-        --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
-        --section WarpStateStats --section SchedulerStats \
-        \"$PY\" -m minipaged.attention.profile_target --bench \"$RAW/bench_quick.json\" > \"$OUT/ncu.txt\""
+    # the kernels inside profile_target's NVTX range; if that range is not seen, the kernels by name
+    SECTIONS="--section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
+        --section WarpStateStats --section SchedulerStats --clock-control none --launch-count 12"
+    PROFILE="\"$PY\" -m minipaged.attention.profile_target --bench \"$RAW/bench_quick.json\""
+    step ncu 150 60 bash -c "ncu --nvtx --nvtx-include 'profile/' $SECTIONS $PROFILE > \"$OUT/ncu.txt\"; \
+        grep -q 'Section:' \"$OUT/ncu.txt\" || ncu --kernel-name regex:'paged|merge|attention' $SECTIONS \
+        $PROFILE > \"$OUT/ncu.txt\""
 else
     say "SKIP ncu: Nsight Compute (ncu) is not installed here"
 fi

@@ -11,18 +11,19 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the simulator where there is no GPU
 
 
 @pytest.mark.parametrize("word_bytes", [2, 4, 8])
 def test_a_flat_read_sums_the_fp16_values_whatever_the_word_width(numba_cuda, word_bytes):
     from minipaged.attention.ceilings import flat_read_sum
 
-    values = (torch.randn(1000, generator=torch.Generator().manual_seed(word_bytes)) * 4).half()
+    values = (torch.randn(1000, generator=torch.Generator().manual_seed(word_bytes)) * 4).half().to(DEVICE)
     partial, call = flat_read_sum(values, word_bytes, blocks=3, threads=32)
     call()
     assert float(partial.double().sum()) == pytest.approx(float(values.double().sum()), rel=1e-4, abs=1e-2)
     # every thread wrote its own slot: the partials are not all one value
-    assert len(set(partial.tolist())) > 1
+    assert len(set(partial.cpu().tolist())) > 1
 
 
 def _paged(seed=0, lens=(5, 17, 33, 0), block_size=4, kv_heads=2, head_dim=8, dtype=torch.float16):
@@ -33,7 +34,7 @@ def _paged(seed=0, lens=(5, 17, 33, 0), block_size=4, kv_heads=2, head_dim=8, dt
     k = torch.randn(*shape, generator=gen).to(dtype)
     v = torch.randn(*shape, generator=gen).to(dtype)
     table = torch.randperm(num_blocks, generator=gen)[: len(lens) * per_seq].to(torch.int32).view(len(lens), per_seq)
-    return k, v, table, torch.tensor(lens, dtype=torch.int32)
+    return k.to(DEVICE), v.to(DEVICE), table.to(DEVICE), torch.tensor(lens, dtype=torch.int32, device=DEVICE)
 
 
 @pytest.mark.parametrize("partitions, threads", [(1, 32), (3, 32), (8, 16)])
@@ -77,7 +78,7 @@ def test_the_paged_ceiling_keeps_the_fastest_checked_configuration(numba_cuda):
     from minipaged.attention.ceilings import measure_paged
     from minipaged.model.config import TINY
 
-    row = measure_paged(TINY, "tiny", 2, 40, WallTimer("cpu"), peak_gbps=1.0, iters=1, threads_tried=(32,),
+    row = measure_paged(TINY, "tiny", 2, 40, WallTimer(DEVICE), peak_gbps=1.0, iters=1, threads_tried=(32,),
                         partitions_tried=(1, 2))
     assert row["checked"] and set(row["us_tried"]) == {"P1_T32"}  # 40 tokens: no partition of 64
     assert row["best"] == "P1_T32" and row["bytes"] == 2 * 2 * 40 * 2 * 16 * 2

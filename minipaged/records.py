@@ -19,7 +19,8 @@ In a chapter's text, two kinds of marker tie the words to a record:
 - A block. Everything between ``<!-- record: NAME -->`` and ``<!-- /record -->`` is rendered: the
   command, what it printed, and a line saying at which commit, on which machine and by which command
   it was measured. ``<!-- record: NAME lines=3-7 -->`` keeps only those lines of the output (1-based,
-  inclusive), for a command that prints more than the chapter needs.
+  inclusive), for a command that prints more than the chapter needs; ``part=NAME`` keeps the lines
+  after the output's line ``== NAME ==`` up to the next such line (an output printed in parts).
 - A figure in a sentence. ``98.5%<!-- fig: NAME policies.on_demand.utilization .1% -->``: the value
   at that path in the record's ``results`` (dots between keys; a list index is a number), written
   with that format spec (Python's ``format``). ``render`` rewrites the number right before the
@@ -27,6 +28,9 @@ In a chapter's text, two kinds of marker tie the words to a record:
   end in ``x`` for a ratio written with ``×`` (``.2fx``: ``3.25×``), and start with ``ms:`` for a time
   in seconds written in milliseconds (``ms:.0f``: 0.4531 is written ``453``). A path whose keys hold
   spaces is written in double quotes: ``<!-- fig: NAME "systems.whole prefills.itl_p99_s" ms:.0f -->``.
+
+A record of a GPU run (chapter 10's ``gpu_check``) names its GPU in ``machine["gpu"]``; it was measured
+on another machine by ``scripts/gpu_check.sh``, so ``measure`` skips it and says how to take it again.
 
 Not handled: a figure computed from two records (write the inputs, or add the figure to the
 command's results), and records of commands that do not run in this process (the notebooks).
@@ -228,8 +232,22 @@ def fmt(value, spec: str) -> str:
 def measured_line(record: dict) -> str:
     m = record["machine"]
     commit = record["commit"] + (" (with uncommitted changes)" if record.get("dirty") else "")
+    if m.get("gpu"):
+        return (f"*Measured at commit `{commit}` on {record['date'][:10]}, on an {m['gpu']} ({m['sms']} SMs, driver "
+                f"{m['driver']}, CUDA {m['cuda']}, torch {m['torch']}, numba-cuda {m['numba_cuda']}), by "
+                f"`{record['command']}`.*")
     return (f"*Measured at commit `{commit}` on {record['date'][:10]}, on this machine ({m['cpu']}, "
             f"{m['cores']} cores, torch {m['torch']}), by `{record['command']}`.*")
+
+
+def stdout_part(lines: list[str], name: str) -> list[str]:
+    """The lines between ``== name ==`` and the next ``== ... ==`` line."""
+    heads = [i for i, line in enumerate(lines) if re.fullmatch(r"== [A-Za-z0-9_-]+ ==", line)]
+    for n, i in enumerate(heads):
+        if lines[i] == f"== {name} ==":
+            return lines[i + 1:heads[n + 1] if n + 1 < len(heads) else len(lines)]
+    raise ValueError(f"the record's output has no part {name!r}; it has "
+                     f"{[lines[i].strip('= ') for i in heads]}")
 
 
 def render_block(record: dict, opts: str) -> str:
@@ -237,6 +255,9 @@ def render_block(record: dict, opts: str) -> str:
     m = re.search(r"lines=(\d+)-(\d+)", opts)
     if m:
         out = out[int(m.group(1)) - 1:int(m.group(2))]
+    part = re.search(r"part=([A-Za-z0-9_-]+)", opts)
+    if part:
+        out = stdout_part(out, part.group(1))
     return "\n".join(["```bash", record["command"], "```", "", "```", *out, "```", "",
                       measured_line(record), ""])
 
@@ -326,18 +347,26 @@ def measure(chapter: str | None = None, only: list[str] | None = None, dry_run: 
     wanted = f"{int(chapter):02d}" if chapter is not None and str(chapter).isdigit() else chapter
     if wanted is not None and wanted not in numbers:
         raise ValueError(f"--chapter must be one of the chapter numbers {', '.join(numbers)}, got {chapter!r}")
-    todo = []
+    todo, skipped = [], []
     for folder in folders:
         if wanted is not None and folder.name[:2] != wanted:
             continue
         for path in sorted((folder / "results").glob("*.json")):
             if only and path.stem not in only:
                 continue
-            todo.append((folder.name[:2], path.stem, json.loads(path.read_text())["command"]))
-    unknown = sorted(set(only or ()) - {name for _, name, _ in todo})
+            record = json.loads(path.read_text())
+            if record["machine"].get("gpu"):
+                print(f"[{folder.name[:2]}/{path.stem}] skipped: measured on an {record['machine']['gpu']} by "
+                      f"`{record['command']}`; take it again there (see the record's assembled_by)")
+                skipped.append(path.stem)
+                continue
+            todo.append((folder.name[:2], path.stem, record["command"]))
+    unknown = sorted(set(only or ()) - {name for _, name, _ in todo} - set(skipped))
     if unknown:
         raise ValueError(f"--only: no record named {', '.join(unknown)} (in the chapters chosen); "
                          f"`python -m minipaged.records list` shows them all")
+    if not todo and skipped:
+        return 0
     if not todo:
         raise ValueError(f"no record matches --chapter {chapter}; `python -m minipaged.records list` shows them all")
     if not dry_run and git_commit()["dirty"]:

@@ -16,12 +16,14 @@
     plot_itl_cdf(systems)            measured inter-token gaps per system (chapter 08)
     plot_step_cost(points, fit)      forward-pass time against tokens in the step (chapter 08)
     plot_spec_speedup(result)        tokens per pass and speedup with speculation, per k (chapter 09)
+    plot_kernel_roofline(results)    the kernels under the GPU's roofs and measured ceilings (chapter 10)
 
 Each returns a matplotlib Figure (created without pyplot, so nothing global changes) and saves a PNG
 when given ``path``.
 """
 
 from minipaged.plots.chunked import plot_budget_sweep, plot_itl_cdf, plot_step_cost, plot_step_tokens
+from minipaged.plots.kernels import plot_kernel_roofline
 from minipaged.plots.memory_map import plot_memory_map
 from minipaged.plots.prefix import plot_prefix_sweep, plot_turns
 from minipaged.plots.serving import plot_capacity_sweep, plot_serving_timeline
@@ -38,4 +40,4 @@ from minipaged.plots.waste import plot_waste_breakdown
 __all__ = ["plot_memory_map", "plot_waste_breakdown", "plot_block_size_sweep", "plot_block_sharing",
            "plot_memory_saved", "plot_blocks_over_time", "plot_refcount_map", "plot_serving_timeline",
            "plot_capacity_sweep", "plot_prefix_sweep", "plot_turns", "plot_step_tokens", "plot_budget_sweep",
-           "plot_itl_cdf", "plot_step_cost", "plot_spec_speedup"]
+           "plot_itl_cdf", "plot_step_cost", "plot_spec_speedup", "plot_kernel_roofline"]

@@ -32,6 +32,10 @@ In a chapter's text, two kinds of marker tie the words to a record:
 A record of a GPU run (chapter 10's ``gpu_check``) names its GPU in ``machine["gpu"]``; it was measured
 on another machine by ``scripts/gpu_check.sh``, so ``measure`` skips it and says how to take it again.
 
+A marker may name another chapter's record as ``NN/NAME`` (``<!-- fig: 05/bench_sharing ... -->``).
+The site pages in docs/pages/ are rendered too, and name every record that way: docs/pages/paper.md
+sets the vLLM paper's results beside the course's.
+
 Not handled: a figure computed from two records (write the inputs, or add the figure to the
 command's results), and records of commands that do not run in this process (the notebooks).
 """
@@ -199,13 +203,20 @@ def _without_record(argv: list[str]) -> list[str]:
 
 # ---------------------------------------------------------------- rendering the chapters
 
-BLOCK = re.compile(r"<!-- record: (?P<name>[A-Za-z0-9_.-]+)(?P<opts>[^>]*?) -->\n(?P<body>.*?)<!-- /record -->",
-                   re.S)
+NAME = r"(?:\d\d/)?[A-Za-z0-9_.-]+"  # a record of this chapter, or NN/NAME: one of chapter NN's
+BLOCK = re.compile(rf"<!-- record: (?P<name>{NAME})(?P<opts>[^>]*?) -->\n(?P<body>.*?)<!-- /record -->", re.S)
 FIG = re.compile(r"(?P<value>[0-9][0-9.,]*[%×]?|[−+-][0-9][0-9.,]*[%×]?)?"
-                 r'<!-- fig: (?P<name>[A-Za-z0-9_.-]+) (?P<path>"[^"]+"|\S+) (?P<spec>\S+) -->')
+                 rf'<!-- fig: (?P<name>{NAME}) (?P<path>"[^"]+"|\S+) (?P<spec>\S+) -->')
+PAGES = ROOT / "docs" / "pages"  # site pages may quote any chapter's records, as NN/NAME
 
 
-def load(chapter: Path, name: str) -> dict:
+def load(chapter: Path | None, name: str) -> dict:
+    """The record NAME of ``chapter``, or NN/NAME of chapter NN (the only form a docs page may use)."""
+    if "/" in name:
+        number, name = name.split("/")
+        chapter = chapter_dir(number)
+    if chapter is None:
+        raise ValueError(f"a docs page quotes record {name!r}: name its chapter, as NN/{name}")
     path = chapter / "results" / f"{name}.json"
     if not path.exists():
         shown = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
@@ -269,9 +280,10 @@ class Rendered:
     figures: int
 
 
-def render_text(text: str, chapter: Path) -> Rendered:
+def render_text(text: str, chapter: Path | None) -> Rendered:
     used: set[str] = set()
     cache: dict[str, dict] = {}
+    where = chapter.name if chapter is not None else "a docs page"
 
     def get(name):
         used.add(name)
@@ -291,11 +303,11 @@ def render_text(text: str, chapter: Path) -> Rendered:
         try:
             value = lookup(get(m["name"]), m["path"])
         except (KeyError, IndexError, ValueError, TypeError) as e:
-            raise ValueError(f"{chapter.name}: figure {m['path']!r} is not in record {m['name']!r} ({e!r})") from None
+            raise ValueError(f"{where}: figure {m['path']!r} is not in record {m['name']!r} ({e!r})") from None
         try:
             written = fmt(value, m["spec"])
         except (ValueError, TypeError) as e:
-            raise ValueError(f"{chapter.name}: figure {m['path']!r} of record {m['name']!r} is {value!r}, which "
+            raise ValueError(f"{where}: figure {m['path']!r} of record {m['name']!r} is {value!r}, which "
                              f"the spec {m['spec']!r} cannot write ({e})") from None
         return written + m.group(0)[len(m["value"] or ""):]
 
@@ -308,10 +320,19 @@ def chapters() -> list[Path]:
     return sorted(p for p in CHAPTERS.glob("[0-9][0-9]_*") if (p / "README.md").exists())
 
 
+def pages() -> list[Path]:
+    """The site pages that quote records (docs/pages/*.md with a record marker)."""
+    return sorted(p for p in PAGES.glob("*.md") if "<!-- record: " in p.read_text() or "<!-- fig: " in p.read_text())
+
+
+def rendered_files() -> list[tuple[Path, Path | None]]:
+    """(file, its chapter or None for a docs page): everything ``render`` writes."""
+    return [(chapter / "README.md", chapter) for chapter in chapters()] + [(page, None) for page in pages()]
+
+
 def render(check: bool = False) -> int:
     stale = []
-    for chapter in chapters():
-        readme = chapter / "README.md"
+    for readme, chapter in rendered_files():
         text = readme.read_text()
         new = render_text(text, chapter).text
         if new != text:
@@ -328,11 +349,14 @@ def render(check: bool = False) -> int:
 
 
 def list_records() -> int:
+    used = set()  # NN/NAME of every record some chapter or page quotes
+    for text_file, chapter in rendered_files():
+        for name in render_text(text_file.read_text(), chapter).records:
+            used.add(name if "/" in name else f"{chapter.name[:2]}/{name}")
     for chapter in chapters():
-        used = render_text((chapter / "README.md").read_text(), chapter).records
         for path in sorted((chapter / "results").glob("*.json")):
             r = json.loads(path.read_text())
-            where = "quoted" if path.stem in used else "NOT QUOTED"
+            where = "quoted" if f"{chapter.name[:2]}/{path.stem}" in used else "NOT QUOTED"
             print(f"{path.relative_to(ROOT)}  {r['commit']}  {r['date']}  {where}\n    {r['command']}")
     return 0
 

@@ -21,13 +21,30 @@ NUMBER = re.compile(r"(?<![\w.])[−+-]?\d[\d,]*(?:\.\d+)?\s?(?:%|×)|(?<![\w.])
 CITED = re.compile(r"<!-- cited: [^>]* -->")
 
 
-def test_every_chapter_is_what_its_records_render():
+def test_every_chapter_and_page_is_what_its_records_render():
     stale = []
-    for chapter in records.chapters():
-        text = (chapter / "README.md").read_text()
+    for text_file, chapter in records.rendered_files():
+        text = text_file.read_text()
         if records.render_text(text, chapter).text != text:
-            stale.append(chapter.name)
+            stale.append(text_file.relative_to(records.ROOT).as_posix())
     assert not stale, f"run `python -m minipaged.records render` and review the diff: {stale}"
+
+
+def test_the_paper_page_renders_every_result_from_records():
+    page = records.PAGES / "paper.md"
+    rendered = records.render_text(page.read_text(), None)
+    assert rendered.figures >= 20 and {"01/simulate", "04/simulate", "05/simulate_sharing",
+                                       "06/bench_serving"} <= rendered.records
+    for figure in ("Fig. 2", "Fig. 12", "Fig. 15", "Fig. 18", "Fig. 19"):
+        assert f"## {figure}:" in page.read_text(), f"the paper page lost its {figure} section"
+    # its own numbers are all rendered or cited, as a chapter's measured sections must be
+    loose = _unrecorded_numbers(page.read_text().split("## Fig. 2", 1)[1])
+    assert not loose, loose
+
+
+def test_a_page_must_name_the_chapter_of_a_record():
+    with pytest.raises(ValueError, match="name its chapter"):
+        records.render_text("1.0<!-- fig: simulate policies.on_demand.utilization .1% -->", None)
 
 
 def test_every_record_is_complete_and_from_committed_code():
@@ -60,6 +77,7 @@ def _unrecorded_numbers(body: str) -> list[str]:
     body = records.FIG.sub("", body)
     body = re.sub(r"\S*\d\S*\s*" + CITED.pattern, "", body)
     body = re.sub(r"!\[[^\]]*\]\([^)]*\)|\]\([^)]*\)", "", body)  # image and link targets
+    body = re.sub(r"§\d+(?:\.\d+)*", "", body)  # a paper's section numbers are not figures
     return NUMBER.findall(body)
 
 

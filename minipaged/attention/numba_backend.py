@@ -1,4 +1,4 @@
-"""The "numba" attention backend: checks the inputs, picks v1 or v2, launches on torch tensors.
+"""The "numba" attention backend: checks the inputs, picks v1, v2 or v3, launches on torch tensors.
 
     paged_attention(q, k_cache, v_cache, block_tables, context_lens, scale=..., query_lens=...,
                     backend="numba")
@@ -9,7 +9,7 @@ so they order correctly with the surrounding torch ops. CPU tensors on a GPU mac
 and back, for convenience. Under numba's CUDA simulator (no GPU) the kernels take numpy views of CPU
 tensors, so the tests and the tiny model run anywhere, slowly.
 
-``paged_attention_numba`` adds knobs the shared signature lacks: ``kernel`` ("auto", "v1", "v2"),
+``paged_attention_numba`` adds knobs the shared signature lacks: ``kernel`` ("auto", "v1", "v2", "v3"),
 ``num_partitions`` and ``max_context_len``/``max_query_len`` (pass them to skip a device-to-host sync,
 as a serving loop that already knows its lengths would).
 
@@ -198,8 +198,14 @@ def paged_attention_numba(q, k_cache, v_cache, block_tables, context_lens, *, sc
         return out
 
     plan = plan_launch(num_seqs, num_kv_heads, group, max_query_len, max_context_len, cfg, _num_sms(device),
-                       kernel, num_partitions)
-    if plan.kernel == "v1":
+                       kernel, num_partitions, dtype=str(q.dtype).removeprefix("torch."), simulator=sim)
+    if plan.kernel == "v3":
+        from minipaged.attention.v3_launch import run_v3
+
+        with _Launcher(device) as launcher:
+            run_v3(out, q, k_cache, v_cache, block_tables, context_lens, query_start, query_lens, scale, plan,
+                   launcher)
+    elif plan.kernel == "v1":
         run_v1(out, q, k_cache, v_cache, block_tables, context_lens, query_start, query_lens, scale, cfg, plan)
     else:
         run_v2(out, q, k_cache, v_cache, block_tables, context_lens, query_start, query_lens, scale, cfg, plan)

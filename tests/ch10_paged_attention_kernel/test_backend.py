@@ -20,14 +20,29 @@ def test_registered_and_matches_reference(numba_cuda):
     torch.testing.assert_close(out, ref, atol=2e-5, rtol=1e-5)
 
 
-def test_auto_picks_v2_for_few_long_sequences(compare, monkeypatch):
-    from minipaged.attention import numba_backend
+def record_kernels(monkeypatch):
+    """Wrap the backend's three launch functions; returns the list of names they append when run."""
+    from minipaged.attention import numba_backend, v3_launch
 
     chosen = []
-    for name in ("run_v1", "run_v2"):
-        real = getattr(numba_backend, name)
-        monkeypatch.setattr(numba_backend, name,
-                            lambda *a, _real=real, _name=name: (chosen.append(_name), _real(*a))[1])
+    for module, name in ((numba_backend, "run_v1"), (numba_backend, "run_v2"), (v3_launch, "run_v3")):
+        real = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda *a, _real=real, _name=name: (chosen.append(_name), _real(*a))[1])
+    return chosen
+
+
+def test_auto_picks_v3(compare, monkeypatch):
+    chosen = record_kernels(monkeypatch)
+    compare(random_paged_batch([520, 3], num_heads=3, num_kv_heads=1, head_dim=64, seed=5))
+    compare(random_paged_batch([9, 4], [3, 1], num_heads=2, num_kv_heads=1, head_dim=16, seed=5))
+    assert chosen == ["run_v3", "run_v3"]
+
+
+def test_auto_keeps_the_v1_v2_rule_where_the_model_says_v3_loses(compare, monkeypatch):
+    from minipaged.attention.kernels import v3_config
+
+    monkeypatch.setitem(v3_config.SHARE_OF_PEAK, "v3", 0.001)  # as if v3 were slower than both
+    chosen = record_kernels(monkeypatch)
     compare(random_paged_batch([520, 3], num_heads=3, num_kv_heads=1, head_dim=64, seed=5))
     compare(random_paged_batch([40, 3], num_heads=3, num_kv_heads=1, head_dim=64, seed=5))
     assert chosen == ["run_v2", "run_v1"]  # 2 blocks for a 520-key context: split; 40 keys: not worth it
@@ -55,6 +70,29 @@ def test_gpu_sizes_in_the_simulator(compare, kernel, parts, block_size):
     one token per block a copy step (64 elements) does not split evenly over 128 threads."""
     b = random_paged_batch([1, 17, 70], num_heads=3, num_kv_heads=1, head_dim=64, block_size=block_size, seed=8)
     compare(b, kernel=kernel, num_partitions=parts, config=KernelConfig.for_head_dim(64, block_size))
+
+
+@pytest.mark.slow
+def test_v3_gpu_sizes_in_the_simulator(numba_cuda):
+    """v3 at the sizes a GPU runs (128 threads, 16 lane groups of 8), with the shared-memory sum the
+    simulator needs in place of the shuffles, in fp16 with 2 partitions."""
+    import dataclasses
+
+    from minipaged.attention.kernels.config import LaunchPlan
+    from minipaged.attention.kernels.v3_config import V3Config
+    from minipaged.attention.numba_backend import _Launcher
+    from minipaged.attention.reference import paged_attention_reference
+    from minipaged.attention.v3_launch import run_v3
+
+    b = random_paged_batch([1, 17, 70], num_heads=3, num_kv_heads=1, head_dim=64, dtype=torch.float16, seed=8)
+    cfg = dataclasses.replace(V3Config.for_shape(64, "float16", 3), reduce="shared")
+    assert cfg.num_threads == 128 and cfg.lanes == 8
+    args = (b["q"], b["k_cache"], b["v_cache"], b["block_tables"], b["context_lens"])
+    out = torch.empty_like(b["q"])
+    ones, starts = torch.ones(3, dtype=torch.int32), torch.arange(3, dtype=torch.int32)
+    with _Launcher(out.device) as launcher:
+        run_v3(out, *args, starts, ones, 64 ** -0.5, LaunchPlan("v3", 1, 2, 64, cfg), launcher)
+    torch.testing.assert_close(out.float(), paged_attention_reference(*args).float(), atol=2e-3, rtol=2e-3)
 
 
 @pytest.mark.parametrize("mutate,match", [
@@ -85,6 +123,7 @@ def test_bad_options(numba_cuda):
     b = random_paged_batch([5], num_heads=3, num_kv_heads=1, head_dim=64)
     with pytest.raises(ValueError, match="kernel"):
         paged_attention_numba(*args_of(b), kernel="v9")
+
     with pytest.raises(ValueError, match="head_dim=128"):
         paged_attention_numba(*args_of(b), config=KernelConfig.for_head_dim(128))
 

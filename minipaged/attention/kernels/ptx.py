@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import sys
@@ -36,8 +37,29 @@ from numba import cuda, types  # noqa: E402
 from minipaged.attention.kernels.config import KernelConfig  # noqa: E402
 from minipaged.attention.kernels.v1_group import make_v1_kernel  # noqa: E402
 from minipaged.attention.kernels.v2_split import make_v2_kernels  # noqa: E402
+from minipaged.attention.kernels.v3_config import V3Config  # noqa: E402
+from minipaged.attention.kernels.v3_wide import make_v3_kernel  # noqa: E402
 
 DTYPES = {"float16": types.float16, "float32": types.float32}
+# v3's compile-time sizes per compiled entry: decode at the chapter's two shapes (head_dim 64 is
+# SmolLM2's, GQA 3; 128 is Llama-3-8B's, GQA 4), the most rows a block takes (multi-token queries),
+# and the shared-memory sum the simulator runs, compiled for the GPU.
+V3_GROUP = {64: 3, 128: 4}
+V3_ENTRIES = {"v3": dict(max_query_len=1), "v3_rows_max": dict(max_query_len=64),
+              "v3_shared_sum": dict(max_query_len=1, reduce="shared")}
+
+
+def v3_config(name: str, head_dim: int, dtype_name: str) -> V3Config:
+    """The V3Config behind kernel_signatures' entry `name` (its threads: .num_threads)."""
+    opts = dict(V3_ENTRIES[name])
+    reduce = opts.pop("reduce", "shuffle")
+    cfg = V3Config.for_shape(head_dim, dtype_name, V3_GROUP.get(head_dim, 1), **opts)
+    return cfg if reduce == "shuffle" else dataclasses.replace(cfg, reduce=reduce)
+
+
+def threads_per_block(name: str, cfg: KernelConfig, dtype_name: str) -> int:
+    """How many threads a block of kernel_signatures' entry `name` has."""
+    return v3_config(name, cfg.head_dim, dtype_name).num_threads if name in V3_ENTRIES else cfg.num_threads
 
 
 def kernel_signatures(cfg: KernelConfig, dtype_name: str) -> dict:
@@ -54,12 +76,18 @@ def kernel_signatures(cfg: KernelConfig, dtype_name: str) -> dict:
     v1 = make_v1_kernel(cfg)
     part, merge = make_v2_kernels(cfg)
     strided = types.Array(dt, 3, "A")  # q as a slice of a fused projection: any strides
+    words = types.Array(types.int64, 3, "A")  # v3's q as int64 words, any strides
+    flat = arr(types.int64, 1)                # v3's caches as flat runs of int64 words
+    v3 = {name: (make_v3_kernel(v3_config(name, cfg.head_dim, dtype_name), simulator=False).py_func,
+                 (act, arr(f32, 4), arr(f32, 3), arr(f32, 3), arr(i32, 1), words, flat, flat, *ints, f32, i32, i32))
+          for name in V3_ENTRIES}
     return {
         "v1": (v1.py_func, (act, act, cache, cache, *ints, f32)),
         "v1_strided_q": (v1.py_func, (act, strided, cache, cache, *ints, f32)),
         "v2_partition": (part.py_func, (arr(f32, 4), arr(f32, 3), arr(f32, 3), act, cache, cache, *ints, f32,
                                         i32, i32)),
         "v2_merge": (merge.py_func, (act, arr(f32, 4), arr(f32, 3), arr(f32, 3))),
+        **v3,
     }
 
 

@@ -1,5 +1,6 @@
-"""Chapter 10's graded exercises: the kernels' online-softmax step and v2's merge of partitions. Their
-tests run the kernels in numba's CUDA simulator when there is no GPU (tests/ch10_*/conftest.py)."""
+"""Chapter 10's graded exercises: the kernels' online-softmax step, v2's merge of partitions and v3's
+unpacking of a cache word. Their tests run the kernels in numba's CUDA simulator when there is no GPU
+(tests/ch10_*/conftest.py)."""
 
 from minipaged.exercises.catalog import Exercise
 
@@ -43,5 +44,24 @@ EXERCISES = [
                f"{VS_REF}::test_v2_partition_counts[2]",
                f"{VS_REF}::test_v2_partition_counts[5]"),
         minutes=30,
+    ),
+    Exercise(
+        id="10.3",
+        title="unpack_word: one 8-byte cache word into its fp16 or fp32 values",
+        task="v3 reads K, V and q as int64 words. Write unpack_word(dst, base, w): for fp16 (HALVES) the word "
+             "holds 4 values, value i in bits 16i .. 16i+15 (the first value in memory is the low bits: the "
+             "GPU is little-endian); store value i, converted to fp32, in dst[base + i]. For fp32 the word "
+             "holds 2 values, bits 0..31 and 32..63, into dst[base] and dst[base + 1]. Turn raw bits into a "
+             "value only with half_from_bits (16 bits) and float_from_bits (32 bits): on a GPU they are one "
+             "instruction each, in the simulator a NumPy view. w is a signed int64: a word whose top bit is "
+             "set is negative, and shifting it right drags the sign along.",
+        hint="Shift right, then mask: (w >> (16 * i)) & 0xFFFF. Without the mask the high bits of a negative "
+             "word (or the values above) reach the conversion. A loop over range(4) with a constant trip "
+             "count unrolls: dst stays in registers.",
+        tests=(f"{GRADED}::test_unpack_word_splits_fp16_words_in_memory_order",
+               f"{GRADED}::test_unpack_word_splits_fp32_words",
+               f"{VS_REF}::test_v3_decode",
+               f"{VS_REF}::test_every_sequence_shares_blocks[v3]"),
+        minutes=20,
     ),
 ]

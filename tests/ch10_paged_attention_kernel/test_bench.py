@@ -55,8 +55,9 @@ def test_without_a_gpu_it_says_so(capsys):
 
 def test_device_check_cases_cover_the_matrix():
     names = [name for name, _, _ in ck.device_check_cases()]
-    assert len(names) == len(set(names)) == 4 * 3 * 2 * 2 + 4
-    assert {"decode-v27-gqa4-d128-float16", "decode-auto-gqa1-d64-float32", "multi-v23-float16"} <= set(names)
+    assert len(names) == len(set(names)) == 6 * 3 * 2 * 2 + 8
+    assert {"decode-v27-gqa4-d128-float16", "decode-auto-gqa1-d64-float32", "multi-v23-float16",
+            "decode-v35-gqa3-d64-float16", "multi-v3-float32"} <= set(names)
 
 
 def test_device_check_runs_here_on_small_shapes(numba_cuda, monkeypatch):

@@ -5,7 +5,7 @@ import torch
 
 from minipaged.attention import available_backends, paged_attention
 from minipaged.attention.check_kernels import random_paged_batch
-from minipaged.attention.kernels.config import KernelConfig
+from minipaged.attention.kernels.config import KernelConfig, partition_tokens_for
 
 
 def args_of(b):
@@ -72,27 +72,69 @@ def test_gpu_sizes_in_the_simulator(compare, kernel, parts, block_size):
     compare(b, kernel=kernel, num_partitions=parts, config=KernelConfig.for_head_dim(64, block_size))
 
 
+def run_v3_plan(b, cfg, parts, part_tokens):
+    """v3 alone on batch b with the given sizes (no planning), checked against the reference."""
+    from minipaged.attention.kernels.config import LaunchPlan
+    from minipaged.attention.numba_backend import _Launcher
+    from minipaged.attention.reference import paged_attention_reference
+    from minipaged.attention.v3_launch import run_v3
+
+    n = b["block_tables"].shape[0]
+    args = (b["q"], b["k_cache"], b["v_cache"], b["block_tables"], b["context_lens"])
+    out = torch.empty_like(b["q"])
+    ones, starts = torch.ones(n, dtype=torch.int32), torch.arange(n, dtype=torch.int32)
+    with _Launcher(out.device) as launcher:
+        run_v3(out, *args, starts, ones, b["q"].shape[-1] ** -0.5, LaunchPlan("v3", 1, parts, part_tokens, cfg),
+               launcher)
+    torch.testing.assert_close(out.float(), paged_attention_reference(*args).float(), atol=2e-3, rtol=2e-3)
+
+
+def _exchange_through_a_barrier(self, mask, value, lane_mask):
+    """shfl_xor_sync for the simulator: every thread posts its value, then reads its partner's. Right
+    only when the whole block calls it together, as v3 does."""
+    import threading
+
+    me = threading.current_thread()
+    posted = me._manager.__dict__.setdefault("_posted", {})
+    posted[me.thread_id] = value
+    me.syncthreads()
+    got = posted[me.thread_id ^ lane_mask]
+    me.syncthreads()
+    return got
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_v3_shuffle_sum_in_the_simulator(numba_cuda, monkeypatch, head_dim):
+    """The GPU's butterfly (8 lanes a key at head_dim 64, 32 at 128, fp16), run in the simulator with
+    a shuffle lent to it: the offsets and the lane groups are right, not only compilable."""
+    import dataclasses
+
+    from minipaged.attention.kernels import using_simulator
+    from minipaged.attention.kernels.v3_config import V3Config
+
+    if not using_simulator():
+        pytest.skip("the simulator's stand-in for shfl_xor_sync; on a GPU test_gpu.py runs the real one")
+    from numba.cuda.simulator.kernelapi import FakeCUDAModule
+
+    monkeypatch.setattr(FakeCUDAModule, "shfl_xor_sync", _exchange_through_a_barrier, raising=False)
+    cfg = dataclasses.replace(V3Config.for_shape(head_dim, "float16", 3, simulator=True), reduce="shuffle")
+    b = random_paged_batch([1, 17, 40], num_heads=3, num_kv_heads=1, head_dim=head_dim, dtype=torch.float16,
+                           seed=12)
+    run_v3_plan(b, cfg, 2, partition_tokens_for(40, 2, cfg.step_keys))
+
+
 @pytest.mark.slow
 def test_v3_gpu_sizes_in_the_simulator(numba_cuda):
     """v3 at the sizes a GPU runs (128 threads, 16 lane groups of 8), with the shared-memory sum the
     simulator needs in place of the shuffles, in fp16 with 2 partitions."""
     import dataclasses
 
-    from minipaged.attention.kernels.config import LaunchPlan
     from minipaged.attention.kernels.v3_config import V3Config
-    from minipaged.attention.numba_backend import _Launcher
-    from minipaged.attention.reference import paged_attention_reference
-    from minipaged.attention.v3_launch import run_v3
 
     b = random_paged_batch([1, 17, 70], num_heads=3, num_kv_heads=1, head_dim=64, dtype=torch.float16, seed=8)
     cfg = dataclasses.replace(V3Config.for_shape(64, "float16", 3), reduce="shared")
     assert cfg.num_threads == 128 and cfg.lanes == 8
-    args = (b["q"], b["k_cache"], b["v_cache"], b["block_tables"], b["context_lens"])
-    out = torch.empty_like(b["q"])
-    ones, starts = torch.ones(3, dtype=torch.int32), torch.arange(3, dtype=torch.int32)
-    with _Launcher(out.device) as launcher:
-        run_v3(out, *args, starts, ones, 64 ** -0.5, LaunchPlan("v3", 1, 2, 64, cfg), launcher)
-    torch.testing.assert_close(out.float(), paged_attention_reference(*args).float(), atol=2e-3, rtol=2e-3)
+    run_v3_plan(b, cfg, 2, 64)
 
 
 @pytest.mark.parametrize("mutate,match", [

@@ -135,3 +135,12 @@ def test_v3_refuses_rows_that_are_not_whole_words():
         plan_launch(2, 1, 3, 1, 100, cfg, kernel="v3", dtype="float16")
     with pytest.raises(ValueError, match="dtype"):
         V3Config(head_dim=64, block_size=16, dtype="bfloat16", rows=1, lanes=8)
+
+
+def test_v3_sizes_can_be_given():
+    cfg = KernelConfig.for_head_dim(128)
+    mine = V3Config(128, 16, "float16", rows=4, lanes=16, unroll=2)
+    plan = plan_launch(64, 8, 4, 1, 2048, cfg, kernel="v3", dtype="float16", v3=mine)
+    assert plan.v3 == mine and plan.num_partitions * plan.partition_tokens >= 2048
+    with pytest.raises(ValueError, match="v3 config has head_dim=128"):
+        plan_launch(64, 8, 4, 1, 2048, cfg, kernel="v3", dtype="float32", v3=mine)

@@ -145,7 +145,8 @@ class LaunchPlan:
 
 def plan_launch(num_seqs: int, num_kv_heads: int, group: int, max_query_len: int, max_context_len: int,
                 cfg: KernelConfig, num_sms: int = DEFAULT_NUM_SMS, kernel: str = "auto",
-                num_partitions: int | None = None, dtype: str = "float32", simulator: bool = False) -> LaunchPlan:
+                num_partitions: int | None = None, dtype: str = "float32", simulator: bool = False,
+                v3: V3Config | None = None) -> LaunchPlan:
     """Which kernel runs and how its grid is cut.
 
     kernel="auto": v3 where it can run (rows of whole 8-byte words) and the model in v3_config
@@ -154,6 +155,7 @@ def plan_launch(num_seqs: int, num_kv_heads: int, group: int, max_query_len: int
     peak bandwidth it reaches: measured for v1 and v2, predicted for v3). v3 holds fewer rows per
     block than v1/v2 (its rows live in registers), so with many query tokens it reads the cache more
     often; it still wins while that factor stays below its bandwidth advantage (about 5x).
+    v3: sizes to use instead of V3Config.for_shape's (to try others on a GPU).
     """
     if kernel not in ("auto", "v1", "v2", "v3"):
         raise ValueError(f"kernel={kernel!r}; choose 'auto', 'v1', 'v2' or 'v3'")
@@ -167,7 +169,11 @@ def plan_launch(num_seqs: int, num_kv_heads: int, group: int, max_query_len: int
                       "auto" if kernel in ("auto", "v3") else kernel, num_partitions)
     if kernel in ("v1", "v2") or not v3_supported(cfg.head_dim, dtype):
         return old
-    v3 = V3Config.for_shape(cfg.head_dim, dtype, group, max_query_len, cfg.block_size, simulator)
+    if v3 is None:
+        v3 = V3Config.for_shape(cfg.head_dim, dtype, group, max_query_len, cfg.block_size, simulator)
+    elif (v3.head_dim, v3.block_size, v3.dtype) != (cfg.head_dim, cfg.block_size, dtype):
+        raise ValueError(f"v3 config has head_dim={v3.head_dim}, block_size={v3.block_size}, dtype={v3.dtype}; "
+                         f"the inputs have {cfg.head_dim}, {cfg.block_size}, {dtype}")
     v3_tiles = num_row_tiles(max_query_len, group, v3.rows)
     if kernel == "auto" and not v3_wins(v3_tiles, row_tiles, old.kernel):
         return old

@@ -8,11 +8,11 @@ barriers per tile. v3 keeps the whole inner loop in registers (decode, head_dim 
     lane group g, lane j (8 lanes share one key; lane j owns words j and j+8 of a 16-word row:
                           16 of the key's 128 bytes, in two 8-byte loads):
       q:   its 8 values of each of the 3 query rows, scaled, in registers (loaded once, as words)
-      per step (64 keys for the block, 4 for the group; the group's 4 keys lie in one KV block):
-         1. 8 loads in flight: 4 keys x 2 words of K, and as many of V (one block-table read)
-         2. unpack K (4 fp16 per word) and multiply: 3 rows x 4 keys partial dot products
+      per step (32 keys for the block, 2 for the group; the group's 2 keys lie in one KV block):
+         1. 8 loads in flight: 2 keys x 2 words of K, and as many of V (one block-table read)
+         2. unpack K (4 fp16 per word) and multiply: 3 rows x 2 keys partial dot products
          3. sum each across the 8 lanes: 3 butterfly shuffles, no barrier (group_sum)
-         4. online softmax per row over the 4 scores (base 2: log2(e) is folded into q)
+         4. online softmax per row over the 2 scores (base 2: log2(e) is folded into q)
          5. unpack V, acc[row][8 values] = acc * alpha + sum_k p_k v_k
       end: the 16 lane groups' (m, l, acc) merge through shared memory, once per block
 
@@ -22,7 +22,10 @@ partials itself (an atomic counter per row tile, reset by that block), so one la
 
 Rows past a sequence's query rows, keys past the context or the causal limit, and keys past the
 partition are masked with selects, never with early exits: every lane group runs the same number of
-steps, which the simulator's shared-memory sum needs (its barriers must be reached by all threads).
+steps, which the simulator's shared-memory sum needs (its barriers must be reached by all threads),
+and the shuffles need too (every lane of a warp takes part in each).
+
+Sizes for other head dims and dtypes: v3_config.V3Config.for_shape. Device functions: v3_ops.py.
 
 Not handled yet: 16-byte loads, prefetching the next step's words while computing this one, fp16
 arithmetic (hfma2), tensor cores.
@@ -88,15 +91,15 @@ def make_v3_kernel(cfg: V3Config, simulator: bool | None = None):
         red_s = cuda.shared.array((RED_THREADS, N), float32)
         last_s = cuda.shared.array(1, int32)
 
-        qv = cuda.local.array(QN, float32)   # this lane's slice of each query row
-        acc = cuda.local.array(QN, float32)  # ... and of each output row
-        m = cuda.local.array(R, float32)          # running max (base 2), the same in all lanes of a group
-        den = cuda.local.array(R, float32)        # running sum of 2**(score - m)
-        limit = cuda.local.array(R, int32)        # keys row r may see (causal)
-        sc = cuda.local.array(N, float32)         # scores, then probabilities: [R, U]
-        kw = cuda.local.array(WN, int64)     # the step's raw K words
-        vw = cuda.local.array(WN, int64)     # ... and V words
-        vals = cuda.local.array(EPL, float32)     # one key's unpacked slice
+        qv = cuda.local.array(QN, float32)     # this lane's slice of each query row
+        acc = cuda.local.array(QN, float32)    # ... and of each output row
+        m = cuda.local.array(R, float32)       # running max (base 2), the same in all lanes of a group
+        den = cuda.local.array(R, float32)     # running sum of 2**(score - m)
+        limit = cuda.local.array(R, int32)     # keys row r may see (causal)
+        sc = cuda.local.array(N, float32)      # scores, then probabilities: [R, U]
+        kw = cuda.local.array(WN, int64)       # the step's raw K words
+        vw = cuda.local.array(WN, int64)       # ... and V words
+        vals = cuda.local.array(EPL, float32)  # one key's unpacked slice
 
         qscale = scale * LOG2E  # both fp32: a Python float here would make the product fp64
         for r in range(R):

@@ -252,7 +252,7 @@ def _sdpa_call(q4, k4, v4):
 
 def bench_one(cfg: ModelConfig, name: str, batch: int, context: int, timer, peak_gbps: float,
               iters: int = 20, reference_iters: int = 3) -> dict:
-    from minipaged.attention.kernels.config import KernelConfig, choose_num_partitions, num_row_tiles
+    from minipaged.attention.kernels.config import KernelConfig, choose_num_partitions, num_row_tiles, plan_launch
     from minipaged.attention.numba_backend import paged_attention_numba
     from minipaged.attention.reference import paged_attention_reference
 
@@ -264,6 +264,8 @@ def bench_one(cfg: ModelConfig, name: str, batch: int, context: int, timer, peak
     auto_parts, _ = choose_num_partitions(units, context, _num_sms(device),
                                           KernelConfig.for_head_dim(cfg.head_dim).tile_tokens)
     v2_parts = auto_parts if auto_parts > 1 else (min(4, context // 256) if context >= 512 else None)
+    auto = plan_launch(batch, cfg.num_kv_heads, group, 1, context, KernelConfig.for_head_dim(cfg.head_dim),
+                       _num_sms(device), dtype="float16", simulator=device.type != "cuda")
 
     def numba_call(kernel="auto", parts=None):
         return lambda: paged_attention_numba(*args, kernel=kernel, num_partitions=parts, max_context_len=context,
@@ -272,6 +274,7 @@ def bench_one(cfg: ModelConfig, name: str, batch: int, context: int, timer, peak
     calls = {"numba": numba_call(), "numba_v1": numba_call("v1")}
     if v2_parts:
         calls["numba_v2"] = numba_call("v2", v2_parts)
+    calls["numba_v3"] = numba_call("v3")
     ref = paged_attention_reference(*args)
     errors = {k: float((fn().float() - ref.float()).abs().max()) for k, fn in calls.items()}
     for k, err in errors.items():
@@ -288,7 +291,7 @@ def bench_one(cfg: ModelConfig, name: str, batch: int, context: int, timer, peak
     row = {
         "shape": name, "num_heads": cfg.num_heads, "num_kv_heads": cfg.num_kv_heads, "head_dim": cfg.head_dim,
         "batch": batch, "context": context, "dtype": "float16", "bytes": nbytes,
-        "auto_kernel": "v1" if auto_parts == 1 else "v2", "auto_partitions": auto_parts,
+        "auto_kernel": auto.kernel, "auto_partitions": auto.num_partitions,
         "v2_partitions": v2_parts, "max_abs_err_vs_reference": errors,
         "us": us, "gbps": gbps, "fraction_of_peak": {k: g / peak_gbps for k, g in gbps.items()},
         "speedup_vs_reference": us["reference"] / us["numba"], "speed_vs_sdpa": us["sdpa"] / us["numba"],

@@ -82,7 +82,7 @@ def check_against_reference(batch: dict, **options) -> float:
 
 DEVICE_CONTEXTS = [1, 15, 16, 17, 1000, 4099]
 DEVICE_GQA = {1: (8, 8), 3: (9, 3), 4: (32, 8)}  # ratio -> (query heads, KV heads)
-DEVICE_KERNELS = [("auto", None), ("v1", None), ("v2", 2), ("v2", 7)]
+DEVICE_KERNELS = [("auto", None), ("v1", None), ("v2", 2), ("v2", 7), ("v3", None), ("v3", 5)]
 DEVICE_HEAD_DIMS = (64, 128)
 # prefill over the cache, a prefill chunk, a speculative verification, a decode token, no query
 DEVICE_MULTI = dict(context_lens=[300, 517, 64, 9, 2000], query_lens=[300, 100, 5, 1, 0], num_heads=32,
@@ -101,7 +101,7 @@ def device_check_cases():
                     yield name, dict(context_lens=DEVICE_CONTEXTS, num_heads=heads, num_kv_heads=kv_heads,
                                      head_dim=head_dim, dtype=dtype, share_first_block=True), \
                         dict(kernel=kernel, num_partitions=parts)
-    for kernel, parts in [("v1", None), ("v2", 3)]:
+    for kernel, parts in [("v1", None), ("v2", 3), ("v3", None), ("v3", 3)]:
         for dtype in (torch.float32, torch.float16):
             yield f"multi-{kernel}{parts or ''}-{str(dtype)[6:]}", dict(**DEVICE_MULTI, dtype=dtype), \
                 dict(kernel=kernel, num_partitions=parts)

@@ -1,4 +1,4 @@
-"""The "numba" attention backend: checks the inputs, picks v1 or v2, launches on torch tensors.
+"""The "numba" attention backend: checks the inputs, picks v1, v2 or v3, launches on torch tensors.
 
     paged_attention(q, k_cache, v_cache, block_tables, context_lens, scale=..., query_lens=...,
                     backend="numba")
@@ -9,9 +9,10 @@ so they order correctly with the surrounding torch ops. CPU tensors on a GPU mac
 and back, for convenience. Under numba's CUDA simulator (no GPU) the kernels take numpy views of CPU
 tensors, so the tests and the tiny model run anywhere, slowly.
 
-``paged_attention_numba`` adds knobs the shared signature lacks: ``kernel`` ("auto", "v1", "v2"),
+``paged_attention_numba`` adds knobs the shared signature lacks: ``kernel`` ("auto", "v1", "v2", "v3"),
 ``num_partitions`` and ``max_context_len``/``max_query_len`` (pass them to skip a device-to-host sync,
-as a serving loop that already knows its lengths would).
+as a serving loop that already knows its lengths would), ``config`` (v1/v2's sizes) and ``v3_config``
+(v3's, e.g. ``V3Config(128, 16, "float16", rows=4, lanes=16, unroll=2)`` to try 16 lanes a key).
 
 Not handled yet: head dims KernelConfig refuses (16, 64 and 128 are tested), ALiBi, sliding windows,
 quantized (fp8) caches, bf16.
@@ -150,7 +151,7 @@ class _Launcher:
 
 def paged_attention_numba(q, k_cache, v_cache, block_tables, context_lens, *, scale=None, query_lens=None,
                           kernel="auto", num_partitions=None, max_context_len=None, max_query_len=None,
-                          validate=True, config: KernelConfig | None = None):
+                          validate=True, config: KernelConfig | None = None, v3_config=None):
     """q [num_tokens, num_heads, head_dim] -> out, like the reference; see the module docstring."""
     check_inputs(q, k_cache, v_cache, block_tables, context_lens, query_lens)
     if validate:
@@ -165,7 +166,7 @@ def paged_attention_numba(q, k_cache, v_cache, block_tables, context_lens, *, sc
             q.to(dev), k_cache.to(dev), v_cache.to(dev), block_tables.to(dev), context_lens.to(dev),
             scale=scale, query_lens=None if query_lens is None else query_lens.to(dev), kernel=kernel,
             num_partitions=num_partitions, max_context_len=max_context_len, max_query_len=max_query_len,
-            validate=False, config=config)
+            validate=False, config=config, v3_config=v3_config)
         return out.to(q.device)
     if sim and q.device.type != "cpu":
         raise ValueError("numba runs in its CUDA simulator here (no GPU), which needs CPU tensors")
@@ -198,8 +199,15 @@ def paged_attention_numba(q, k_cache, v_cache, block_tables, context_lens, *, sc
         return out
 
     plan = plan_launch(num_seqs, num_kv_heads, group, max_query_len, max_context_len, cfg, _num_sms(device),
-                       kernel, num_partitions)
-    if plan.kernel == "v1":
+                       kernel, num_partitions, dtype=str(q.dtype).removeprefix("torch."), simulator=sim,
+                       v3=v3_config)
+    if plan.kernel == "v3":
+        from minipaged.attention.v3_launch import run_v3
+
+        with _Launcher(device) as launcher:
+            run_v3(out, q, k_cache, v_cache, block_tables, context_lens, query_start, query_lens, scale, plan,
+                   launcher)
+    elif plan.kernel == "v1":
         run_v1(out, q, k_cache, v_cache, block_tables, context_lens, query_start, query_lens, scale, cfg, plan)
     else:
         run_v2(out, q, k_cache, v_cache, block_tables, context_lens, query_start, query_lens, scale, cfg, plan)

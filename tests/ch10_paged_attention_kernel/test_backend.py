@@ -5,7 +5,7 @@ import torch
 
 from minipaged.attention import available_backends, paged_attention
 from minipaged.attention.check_kernels import random_paged_batch
-from minipaged.attention.kernels.config import KernelConfig
+from minipaged.attention.kernels.config import KernelConfig, partition_tokens_for
 
 
 def args_of(b):
@@ -20,14 +20,29 @@ def test_registered_and_matches_reference(numba_cuda):
     torch.testing.assert_close(out, ref, atol=2e-5, rtol=1e-5)
 
 
-def test_auto_picks_v2_for_few_long_sequences(compare, monkeypatch):
-    from minipaged.attention import numba_backend
+def record_kernels(monkeypatch):
+    """Wrap the backend's three launch functions; returns the list of names they append when run."""
+    from minipaged.attention import numba_backend, v3_launch
 
     chosen = []
-    for name in ("run_v1", "run_v2"):
-        real = getattr(numba_backend, name)
-        monkeypatch.setattr(numba_backend, name,
-                            lambda *a, _real=real, _name=name: (chosen.append(_name), _real(*a))[1])
+    for module, name in ((numba_backend, "run_v1"), (numba_backend, "run_v2"), (v3_launch, "run_v3")):
+        real = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda *a, _real=real, _name=name: (chosen.append(_name), _real(*a))[1])
+    return chosen
+
+
+def test_auto_picks_v3(compare, monkeypatch):
+    chosen = record_kernels(monkeypatch)
+    compare(random_paged_batch([520, 3], num_heads=3, num_kv_heads=1, head_dim=64, seed=5))
+    compare(random_paged_batch([9, 4], [3, 1], num_heads=2, num_kv_heads=1, head_dim=16, seed=5))
+    assert chosen == ["run_v3", "run_v3"]
+
+
+def test_auto_keeps_the_v1_v2_rule_where_the_model_says_v3_loses(compare, monkeypatch):
+    from minipaged.attention.kernels import v3_config
+
+    monkeypatch.setitem(v3_config.SHARE_OF_PEAK, "v3", 0.001)  # as if v3 were slower than both
+    chosen = record_kernels(monkeypatch)
     compare(random_paged_batch([520, 3], num_heads=3, num_kv_heads=1, head_dim=64, seed=5))
     compare(random_paged_batch([40, 3], num_heads=3, num_kv_heads=1, head_dim=64, seed=5))
     assert chosen == ["run_v2", "run_v1"]  # 2 blocks for a 520-key context: split; 40 keys: not worth it
@@ -40,13 +55,14 @@ def test_tiny_model_head_dim_16_and_custom_scale(numba_cuda):
     torch.testing.assert_close(out, ref, atol=2e-5, rtol=1e-5)
 
 
-def test_non_contiguous_q(compare):
+@pytest.mark.parametrize("kernel", ["v1", "v3"])
+def test_non_contiguous_q(compare, kernel):
     b = random_paged_batch([9, 20], num_heads=3, num_kv_heads=1, head_dim=64, seed=7)
     wide = torch.randn(2, 3, 128)
     wide[:, :, :64] = b["q"]
     b["q"] = wide[:, :, :64]  # a view with strides, as a slice of a fused qkv projection would be
     assert not b["q"].is_contiguous()
-    compare(b, kernel="v1")
+    compare(b, kernel=kernel)  # v3 reads this q as int64 words through the same strides
 
 
 @pytest.mark.parametrize("kernel,parts,block_size", [("v1", None, 16), ("v2", 2, 16), ("v2", 3, 1)])
@@ -55,6 +71,71 @@ def test_gpu_sizes_in_the_simulator(compare, kernel, parts, block_size):
     one token per block a copy step (64 elements) does not split evenly over 128 threads."""
     b = random_paged_batch([1, 17, 70], num_heads=3, num_kv_heads=1, head_dim=64, block_size=block_size, seed=8)
     compare(b, kernel=kernel, num_partitions=parts, config=KernelConfig.for_head_dim(64, block_size))
+
+
+def run_v3_plan(b, cfg, parts, part_tokens):
+    """v3 alone on batch b with the given sizes (no planning), checked against the reference."""
+    from minipaged.attention.kernels.config import LaunchPlan
+    from minipaged.attention.numba_backend import _Launcher
+    from minipaged.attention.reference import paged_attention_reference
+    from minipaged.attention.v3_launch import run_v3
+
+    n = b["block_tables"].shape[0]
+    args = (b["q"], b["k_cache"], b["v_cache"], b["block_tables"], b["context_lens"])
+    out = torch.empty_like(b["q"])
+    ones, starts = torch.ones(n, dtype=torch.int32), torch.arange(n, dtype=torch.int32)
+    with _Launcher(out.device) as launcher:
+        run_v3(out, *args, starts, ones, b["q"].shape[-1] ** -0.5, LaunchPlan("v3", 1, parts, part_tokens, cfg),
+               launcher)
+    torch.testing.assert_close(out.float(), paged_attention_reference(*args).float(), atol=2e-3, rtol=2e-3)
+
+
+def _exchange_through_a_barrier(self, mask, value, lane_mask):
+    """shfl_xor_sync for the simulator: every thread posts its value, then reads its partner's. Right
+    only when the whole block calls it together, as v3 does."""
+    import threading
+
+    me = threading.current_thread()
+    posted = me._manager.__dict__.setdefault("_posted", {})
+    posted[me.thread_id] = value
+    me.syncthreads()
+    got = posted[me.thread_id ^ lane_mask]
+    me.syncthreads()
+    return got
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_v3_shuffle_sum_in_the_simulator(numba_cuda, monkeypatch, head_dim):
+    """The GPU's butterfly (8 lanes a key at head_dim 64, 32 at 128, fp16), run in the simulator with
+    a shuffle lent to it: the offsets and the lane groups are right, not only compilable."""
+    import dataclasses
+
+    from minipaged.attention.kernels import using_simulator
+    from minipaged.attention.kernels.v3_config import V3Config
+
+    if not using_simulator():
+        pytest.skip("the simulator's stand-in for shfl_xor_sync; on a GPU test_gpu.py runs the real one")
+    from numba.cuda.simulator.kernelapi import FakeCUDAModule
+
+    monkeypatch.setattr(FakeCUDAModule, "shfl_xor_sync", _exchange_through_a_barrier, raising=False)
+    cfg = dataclasses.replace(V3Config.for_shape(head_dim, "float16", 3, simulator=True), reduce="shuffle")
+    b = random_paged_batch([1, 17, 40], num_heads=3, num_kv_heads=1, head_dim=head_dim, dtype=torch.float16,
+                           seed=12)
+    run_v3_plan(b, cfg, 2, partition_tokens_for(40, 2, cfg.step_keys))
+
+
+@pytest.mark.slow
+def test_v3_gpu_sizes_in_the_simulator(numba_cuda):
+    """v3 at the sizes a GPU runs (128 threads, 16 lane groups of 8), with the shared-memory sum the
+    simulator needs in place of the shuffles, in fp16 with 2 partitions."""
+    import dataclasses
+
+    from minipaged.attention.kernels.v3_config import V3Config
+
+    b = random_paged_batch([1, 17, 70], num_heads=3, num_kv_heads=1, head_dim=64, dtype=torch.float16, seed=8)
+    cfg = dataclasses.replace(V3Config.for_shape(64, "float16", 3), reduce="shared")
+    assert cfg.num_threads == 128 and cfg.lanes == 8
+    run_v3_plan(b, cfg, 2, 64)
 
 
 @pytest.mark.parametrize("mutate,match", [
@@ -85,6 +166,7 @@ def test_bad_options(numba_cuda):
     b = random_paged_batch([5], num_heads=3, num_kv_heads=1, head_dim=64)
     with pytest.raises(ValueError, match="kernel"):
         paged_attention_numba(*args_of(b), kernel="v9")
+
     with pytest.raises(ValueError, match="head_dim=128"):
         paged_attention_numba(*args_of(b), config=KernelConfig.for_head_dim(128))
 

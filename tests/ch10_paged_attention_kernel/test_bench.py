@@ -55,8 +55,9 @@ def test_without_a_gpu_it_says_so(capsys):
 
 def test_device_check_cases_cover_the_matrix():
     names = [name for name, _, _ in ck.device_check_cases()]
-    assert len(names) == len(set(names)) == 4 * 3 * 2 * 2 + 4
-    assert {"decode-v27-gqa4-d128-float16", "decode-auto-gqa1-d64-float32", "multi-v23-float16"} <= set(names)
+    assert len(names) == len(set(names)) == 6 * 3 * 2 * 2 + 8
+    assert {"decode-v27-gqa4-d128-float16", "decode-auto-gqa1-d64-float32", "multi-v23-float16",
+            "decode-v35-gqa3-d64-float16", "multi-v3-float32"} <= set(names)
 
 
 def test_device_check_runs_here_on_small_shapes(numba_cuda, monkeypatch):
@@ -68,7 +69,7 @@ def test_device_check_runs_here_on_small_shapes(numba_cuda, monkeypatch):
     monkeypatch.setattr(ck, "DEVICE_MULTI", dict(context_lens=[9, 4], query_lens=[3, 1], num_heads=2,
                                                  num_kv_heads=1, head_dim=64))
     results = ck.device_check("cpu")
-    assert len(results) == 2 + 4 and all(r["ok"] for r in results), results
+    assert len(results) == 2 + 8 and all(r["ok"] for r in results), results
 
 
 @pytest.mark.slow
@@ -83,8 +84,8 @@ def test_the_benchmark_itself_runs_here_on_a_tiny_shape(numba_cuda, tmp_path):
     r = bk.run(peak_gbps=100.0, iters=1, progress=False, out=str(out), device="cpu", shapes={"small": small},
                grid=[("small", 2, 40), ("small", 1, 520)], sweeps=[("small", 2, 40)], target=("small", 2, 40))
     assert [row["context"] for row in r["rows"]] == [40, 520]
-    assert r["rows"][1]["auto_kernel"] == "v2" and "numba_v2" in r["rows"][1]["us"]
-    assert set(r["rows"][0]["us"]) == {"numba", "numba_v1", "sdpa", "reference"}
+    assert r["rows"][1]["auto_kernel"] == "v3" and "numba_v2" in r["rows"][1]["us"]
+    assert set(r["rows"][0]["us"]) == {"numba", "numba_v1", "numba_v3", "sdpa", "reference"}
     assert set(r["partition_sweeps"][0]["us_by_partitions"]) == {1}  # 40 keys: too short to split
     assert r["target"]["shape"] == ["small", 2, 40] and json.loads(out.read_text())["partial"]
     json.dumps(r)  # the --json output

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-KERNELS = {"v1", "v1_strided_q", "v1_block_size_1", "v2_partition", "v2_merge"}
+KERNELS = {"v1", "v1_strided_q", "v1_block_size_1", "v2_partition", "v2_merge", "v3", "v3_rows_max", "v3_shared_sum"}
 
 
 @pytest.fixture(scope="module")

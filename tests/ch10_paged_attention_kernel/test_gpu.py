@@ -40,3 +40,19 @@ def test_no_copies_and_torch_stream(numba_cuda):
     side.synchronize()
     assert out.device.type == "cuda"
     torch.testing.assert_close(out2.float(), ref.float(), atol=2e-3, rtol=2e-3)
+
+
+def test_v3_makes_its_device_views_once(numba_cuda):
+    """The host side of v3: a second call with the same tensors finds every device view made."""
+    from minipaged.attention.numba_backend import paged_attention_numba
+    from minipaged.attention.v3_launch import DEVICE_VIEWS
+
+    b = random_paged_batch([700, 33], num_heads=9, num_kv_heads=3, head_dim=64, dtype=torch.float16,
+                           device="cuda")
+    args = (b["q"], b["k_cache"], b["v_cache"], b["block_tables"], b["context_lens"])
+    out = paged_attention_numba(*args, kernel="v3", max_context_len=700, max_query_len=1, validate=False)
+    made = DEVICE_VIEWS.made
+    again = paged_attention_numba(*args, kernel="v3", max_context_len=700, max_query_len=1, validate=False)
+    torch.cuda.synchronize()
+    assert DEVICE_VIEWS.made - made <= 1  # at most the new output, if the allocator moved it
+    torch.testing.assert_close(again, out)

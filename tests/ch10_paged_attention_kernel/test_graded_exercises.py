@@ -1,6 +1,7 @@
 """Focused checks for chapter 10's graded exercises, small enough for numba's CUDA simulator: the
 online-softmax step (tile_ops.softmax_step) and v2's merge of partitions (v2_split.merge_partitions),
-each run alone on hand-made inputs and compared with softmax computed in float64 by NumPy."""
+each run alone on hand-made inputs and compared with softmax computed in float64 by NumPy; and v3's
+unpacking of an 8-byte word (v3_ops.unpack_word), compared with NumPy's view of the same bytes."""
 
 import math
 
@@ -173,3 +174,42 @@ def test_merge_partitions_with_fewer_threads_than_dims(numba_cuda):
     merge[(1, 1), 3](out, o[None, None].astype(np.float32), m[None, None].astype(np.float32),
                      l[None, None].astype(np.float32))
     np.testing.assert_allclose(out[0, 0], np.exp(s - s.max()) @ v / np.exp(s - s.max()).sum(), rtol=1e-4, atol=1e-5)
+
+
+def run_unpack_word(dtype, values):
+    """values (a NumPy array of `dtype`, a multiple of one word long) -> what unpack_word makes of its
+    int64 words, as float32, one kernel thread per word."""
+    from minipaged.attention.kernels import using_simulator
+    from minipaged.attention.kernels.v3_ops import make_unpack_word
+
+    unpack_word = make_unpack_word(dtype, using_simulator())
+    per_word = 8 // np.dtype(dtype).itemsize
+
+    @cuda.jit
+    def unpack_all(words, out):
+        i = cuda.grid(1)
+        if i < words.shape[0]:
+            vals = cuda.local.array(4, float32)
+            unpack_word(vals, 0, words[i])
+            for j in range(per_word):
+                out[i * per_word + j] = vals[j]
+
+    words = np.ascontiguousarray(values).view(np.int64)
+    out = np.full(len(values), np.nan, np.float32)
+    unpack_all[1, 32](words, out)
+    return out
+
+
+def test_unpack_word_splits_fp16_words_in_memory_order(numba_cuda):
+    """Four fp16 values per word, the first in the low 16 bits: signs, a subnormal, the largest fp16,
+    zeros of both signs, and values whose top bit set makes the int64 word negative."""
+    halves = np.array([1.0, -2.5, 6.1e-5, 65504.0, -0.0, 0.0, 3.0e-7, -1.0e-3,
+                       -65504.0, 0.33325195, 7.0, -7.0], np.float16)
+    got = run_unpack_word("float16", halves)
+    np.testing.assert_array_equal(got, halves.astype(np.float32))
+    assert np.signbit(got[4]) and not np.signbit(got[5]), "the sign of zero is lost"
+
+
+def test_unpack_word_splits_fp32_words(numba_cuda):
+    floats = np.array([1.5, -3.25e-20, 3.4e38, -0.0, 1e-45, -123.456], np.float32)
+    np.testing.assert_array_equal(run_unpack_word("float32", floats), floats)

@@ -1,4 +1,5 @@
-"""The v1/v2 rule and the kernels' compile-time sizes: plain Python, no numba needed."""
+"""The v1/v2 rule, v3's sizes and split, the auto choice, and the kernels' compile-time sizes: plain
+Python, no numba needed."""
 
 import pytest
 
@@ -11,6 +12,8 @@ from minipaged.attention.kernels.config import (
     partition_tokens_for,
     plan_launch,
 )
+from minipaged.attention.kernels.v3_config import MIN_PARTITION_TOKENS as MIN_V3_TOKENS
+from minipaged.attention.kernels.v3_config import V3Config, v3_partitions, v3_supported, v3_wins
 
 
 def test_v1_when_the_gpu_is_already_full():
@@ -47,13 +50,14 @@ def test_row_tiles():
 
 def test_plan_launch():
     cfg = KernelConfig.for_head_dim(64)
-    assert plan_launch(64, 3, 3, 1, 2048, cfg).kernel == "v2"
-    assert plan_launch(256, 8, 4, 1, 2048, cfg).kernel == "v1"
+    assert plan_launch(64, 3, 3, 1, 2048, cfg, kernel="v2").num_partitions == 6  # the v1/v2 rule, as before
+    assert plan_launch(256, 8, 4, 1, 2048, cfg, kernel="v2").kernel == "v2"
+    assert plan_launch(256, 8, 4, 1, 2048, cfg, kernel="v1").kernel == "v1"
     forced = plan_launch(2, 1, 3, 1, 100, cfg, kernel="v2", num_partitions=3)
     assert (forced.kernel, forced.num_partitions, forced.grid(2, 1)) == ("v2", 3, (2, 1, 3))
     assert plan_launch(2, 1, 3, 1, 100, cfg, kernel="v1").grid(2, 1) == (2, 1, 1)
     with pytest.raises(ValueError, match="kernel"):
-        plan_launch(1, 1, 1, 1, 1, cfg, kernel="v3")
+        plan_launch(1, 1, 1, 1, 1, cfg, kernel="v9")
     with pytest.raises(ValueError, match="num_partitions"):
         plan_launch(1, 1, 1, 1, 1, cfg, kernel="v2", num_partitions=0)
 
@@ -79,3 +83,64 @@ def test_bad_sizes_are_refused():
         KernelConfig(head_dim=64, tile_tokens=8, num_threads=8, max_rows=16)
     with pytest.raises(ValueError, match="multiple"):
         KernelConfig(head_dim=20, tile_tokens=8, num_threads=32, max_rows=3)
+
+
+# v3: its sizes, its split, and where the model in v3_config makes it the auto choice
+
+def test_v3_sizes_at_the_two_shapes():
+    smol = V3Config.for_shape(64, "float16", group=3)
+    assert (smol.lanes, smol.words_per_lane, smol.unroll, smol.rows, smol.lane_groups) == (8, 2, 2, 3, 16)
+    llama = V3Config.for_shape(128, "float16", group=4)
+    assert (llama.lanes, llama.words_per_lane, llama.unroll, llama.rows) == (32, 1, 4, 4)
+    for cfg in (smol, llama, V3Config.for_shape(128, "float32", 4), V3Config.for_shape(16, "float32", 2)):
+        assert cfg.lanes * cfg.words_per_lane * 8 == cfg.head_dim * (2 if cfg.dtype == "float16" else 4)
+        assert cfg.words_per_lane * cfg.unroll <= 4 and cfg.rows * cfg.elems_per_lane <= 32
+
+
+def test_v3_rows_stay_in_registers():
+    assert V3Config.for_shape(64, "float16", group=8).rows == 4  # GQA 8: two row tiles of 4
+    assert V3Config.for_shape(64, "float16", group=3, max_query_len=9).rows == 4
+    assert V3Config.for_shape(64, "float32", group=1, max_query_len=1).rows == 1
+
+
+def test_v3_partitions_fill_several_waves():
+    # the target: 64 x 3 = 192 blocks without a split; 4 waves of 4 x 132 blocks want 11 partitions,
+    # but 2,048 keys allow 8 of at least 256 keys
+    parts, tokens = v3_partitions(192, 2048, step_keys=32, num_sms=132)
+    assert (parts, tokens) == (2048 // MIN_V3_TOKENS, 256)
+    # the Llama-3-8B layer: 512 blocks; 2,112 wanted -> 5 partitions of 410 keys, rounded up to 416
+    parts, tokens = v3_partitions(512, 2048, step_keys=16, num_sms=132)
+    assert parts == 5 and tokens % 16 == 0 and parts * tokens >= 2048
+    assert v3_partitions(4096, 2048, 32, 132) == (1, 2048)  # enough blocks already: no split
+
+
+def test_auto_is_v3_at_both_shapes_and_the_old_rule_where_the_model_says_so():
+    cfg = KernelConfig.for_head_dim(64)
+    plan = plan_launch(64, 3, 3, 1, 2048, cfg, dtype="float16")
+    assert (plan.kernel, plan.num_partitions, plan.v3.rows) == ("v3", 8, 3)
+    assert plan.grid(64, 3) == (64, 3, 8)
+    assert plan_launch(64, 8, 4, 1, 2048, KernelConfig.for_head_dim(128), dtype="float16").kernel == "v3"
+    # the model: v3 reads the cache once per row tile of 4 rows, v2 once per 16; 33 query tokens of
+    # GQA 3 are 25 tiles against 7, and 25 / 0.40 = 62.5 < 7 / 0.083 = 84.3: still v3
+    assert plan_launch(4, 3, 3, 33, 2048, cfg, dtype="float16").kernel == "v3"
+    assert not v3_wins(25, 7, "v2", {"v2": 0.083, "v3": 0.2})  # at half the predicted bandwidth, v2 wins
+    assert v3_wins(25, 7, "v2")
+
+
+def test_v3_refuses_rows_that_are_not_whole_words():
+    cfg = KernelConfig(head_dim=6, tile_tokens=8, num_threads=32, max_rows=16)  # 12-byte fp16 rows
+    assert not v3_supported(6, "float16") and v3_supported(6, "float32")
+    assert plan_launch(2, 1, 3, 1, 100, cfg, dtype="float16").kernel == "v1"
+    with pytest.raises(ValueError, match="8-byte words"):
+        plan_launch(2, 1, 3, 1, 100, cfg, kernel="v3", dtype="float16")
+    with pytest.raises(ValueError, match="dtype"):
+        V3Config(head_dim=64, block_size=16, dtype="bfloat16", rows=1, lanes=8)
+
+
+def test_v3_sizes_can_be_given():
+    cfg = KernelConfig.for_head_dim(128)
+    mine = V3Config(128, 16, "float16", rows=4, lanes=16, unroll=2)
+    plan = plan_launch(64, 8, 4, 1, 2048, cfg, kernel="v3", dtype="float16", v3=mine)
+    assert plan.v3 == mine and plan.num_partitions * plan.partition_tokens >= 2048
+    with pytest.raises(ValueError, match="v3 config has head_dim=128"):
+        plan_launch(64, 8, 4, 1, 2048, cfg, kernel="v3", dtype="float32", v3=mine)

@@ -5,8 +5,14 @@
                  score it, take one online-softmax step, accumulate V
     v1_group.py  v1: one block per (sequence, KV head, row tile); K and V are read once per head group
     v2_split.py  v2: v1's work split along the context into partitions, then a merge kernel
+    v3_config.py v3's sizes, its split and the model behind kernel="auto" (pure Python)
+    v3_ops.py    v3's device functions, chosen at build time: GPU (shuffles, libdevice) or simulator
+    v3_wide.py   v3: 8-byte loads, lane groups summing with shuffles, registers instead of shared
+                 memory, partitions merged by the last block in the same launch
+    ptx.py       every kernel compiled to PTX for a chosen GPU, with no GPU
 
-Host code (choosing a kernel, launching on torch tensors) is in ``minipaged.attention.numba_backend``.
+Host code (choosing a kernel, launching on torch tensors) is in ``minipaged.attention.numba_backend``
+and, for v3, ``minipaged.attention.v3_launch``.
 
 Which CUDA numba uses is fixed when numba is first imported: a real GPU, or the CUDA simulator
 (``NUMBA_ENABLE_CUDASIM=1``), which runs kernels in Python threads on the CPU. Importing this package

@@ -1,4 +1,4 @@
-"""Compile-time shapes of the numba kernels, and the rule that picks v1 or v2 (pure Python, no numba).
+"""Compile-time shapes of the numba kernels, and the rules that pick v1, v2 or v3 (pure Python, no numba).
 
 A CUDA kernel sizes its shared memory at compile time, so the numbers below are baked into each
 compiled kernel, much as C++ kernels take them as template parameters. ``KernelConfig.for_head_dim``
@@ -10,7 +10,8 @@ The split rule (``choose_num_partitions``) lives here so it can be read and test
     v1 (one block per sequence x KV head x row tile) when it already launches enough blocks to fill
     the GPU, or when the context is too short to be worth splitting; otherwise
     v2 (the same blocks, each split into partitions along the context), with just enough
-    partitions to reach the target block count, never shorter than MIN_PARTITION_TOKENS each.
+    partitions to reach the target block count, never shorter than MIN_PARTITION_TOKENS each;
+    v3 (v3_config.py: its own sizes, its own split) over both, where its model predicts it faster.
 
 Not handled yet: head dims for which max_rows * head_dim is not a multiple of the thread count (powers
 of two from 8 up are fine); tiles beyond 48 KiB of static shared memory (dynamic shared memory).
@@ -20,6 +21,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+
+from minipaged.attention.kernels.v3_config import V3Config, v3_partitions, v3_supported, v3_wins
 
 THREADS_PER_BLOCK = 128      # 4 warps: enough to issue many loads at once, small enough to fit several per SM
 TILE_ELEMENTS = 2048         # K (and V) elements staged in shared memory per step: tile_tokens * head_dim
@@ -130,10 +133,11 @@ def partition_tokens_for(max_context_len: int, num_partitions: int, tile_tokens:
 
 @dataclass(frozen=True)
 class LaunchPlan:
-    kernel: str             # "v1" or "v2"
+    kernel: str             # "v1", "v2" or "v3"
     row_tiles: int          # blocks along grid z per (sequence, KV head) for the query rows
-    num_partitions: int     # v2 only (1 for v1)
-    partition_tokens: int   # keys per partition (v2); the longest context for v1
+    num_partitions: int     # v2 and v3 (1 for v1)
+    partition_tokens: int   # keys per partition (v2, v3); the longest context for v1
+    v3: V3Config | None = None  # v3's compile-time sizes
 
     def grid(self, num_seqs: int, num_kv_heads: int) -> tuple[int, int, int]:
         return (num_seqs, num_kv_heads, self.row_tiles * self.num_partitions)
@@ -141,18 +145,52 @@ class LaunchPlan:
 
 def plan_launch(num_seqs: int, num_kv_heads: int, group: int, max_query_len: int, max_context_len: int,
                 cfg: KernelConfig, num_sms: int = DEFAULT_NUM_SMS, kernel: str = "auto",
-                num_partitions: int | None = None) -> LaunchPlan:
-    """Which kernel runs and how its grid is cut. kernel="auto" applies choose_num_partitions."""
-    if kernel not in ("auto", "v1", "v2"):
-        raise ValueError(f"kernel={kernel!r}; choose 'auto', 'v1' or 'v2'")
+                num_partitions: int | None = None, dtype: str = "float32", simulator: bool = False,
+                v3: V3Config | None = None) -> LaunchPlan:
+    """Which kernel runs and how its grid is cut.
+
+    kernel="auto": v3 where it can run (rows of whole 8-byte words) and the model in v3_config
+    predicts it faster than what the v1/v2 rule (choose_num_partitions) would launch; that rule
+    otherwise. The model: a kernel's time is (times it reads the cache: its row tiles) / (the share of
+    peak bandwidth it reaches: measured for v1 and v2, predicted for v3). v3 holds fewer rows per
+    block than v1/v2 (its rows live in registers), so with many query tokens it reads the cache more
+    often; it still wins while that factor stays below its bandwidth advantage (about 5x).
+    v3: sizes to use instead of V3Config.for_shape's (to try others on a GPU).
+    """
+    if kernel not in ("auto", "v1", "v2", "v3"):
+        raise ValueError(f"kernel={kernel!r}; choose 'auto', 'v1', 'v2' or 'v3'")
+    if num_partitions is not None and num_partitions < 1:
+        raise ValueError(f"num_partitions must be >= 1, got {num_partitions}")
+    if kernel == "v3" and not v3_supported(cfg.head_dim, dtype):
+        raise ValueError(f"kernel='v3' reads rows of whole 8-byte words: head_dim={cfg.head_dim} in {dtype} "
+                         "is not; use 'v1', 'v2' or 'auto'")
     row_tiles = num_row_tiles(max_query_len, group, cfg.max_rows)
+    old = _plan_v1_v2(num_seqs, num_kv_heads, row_tiles, max_context_len, cfg, num_sms,
+                      "auto" if kernel in ("auto", "v3") else kernel, num_partitions)
+    if kernel in ("v1", "v2") or not v3_supported(cfg.head_dim, dtype):
+        return old
+    if v3 is None:
+        v3 = V3Config.for_shape(cfg.head_dim, dtype, group, max_query_len, cfg.block_size, simulator)
+    elif (v3.head_dim, v3.block_size, v3.dtype) != (cfg.head_dim, cfg.block_size, dtype):
+        raise ValueError(f"v3 config has head_dim={v3.head_dim}, block_size={v3.block_size}, dtype={v3.dtype}; "
+                         f"the inputs have {cfg.head_dim}, {cfg.block_size}, {dtype}")
+    v3_tiles = num_row_tiles(max_query_len, group, v3.rows)
+    if kernel == "auto" and not v3_wins(v3_tiles, row_tiles, old.kernel):
+        return old
+    if num_partitions is None:
+        parts, tokens = v3_partitions(num_seqs * num_kv_heads * v3_tiles, max_context_len, v3.step_keys, num_sms)
+    else:
+        parts = num_partitions
+        tokens = partition_tokens_for(max_context_len, parts, v3.step_keys)
+    return LaunchPlan("v3", v3_tiles, parts, tokens, v3)
+
+
+def _plan_v1_v2(num_seqs, num_kv_heads, row_tiles, max_context_len, cfg, num_sms, kernel, num_partitions):
     if kernel == "v1":
         return LaunchPlan("v1", row_tiles, 1, max_context_len)
     if num_partitions is None:
         num_partitions, part_tokens = choose_num_partitions(num_seqs * num_kv_heads * row_tiles,
                                                             max_context_len, num_sms, cfg.tile_tokens)
-    elif num_partitions < 1:
-        raise ValueError(f"num_partitions must be >= 1, got {num_partitions}")
     else:
         part_tokens = partition_tokens_for(max_context_len, num_partitions, cfg.tile_tokens)
     if kernel == "auto" and num_partitions == 1:

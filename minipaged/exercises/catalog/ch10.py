@@ -1,8 +1,11 @@
-"""Chapter 10's graded exercises: the kernels' online-softmax step and v2's merge of partitions. Their
-tests run the kernels in numba's CUDA simulator when there is no GPU (tests/ch10_*/conftest.py)."""
+"""Chapter 10's graded exercises: the kernels' online-softmax step, v2's merge of partitions and v3's
+unpacking of a cache word. Their tests run the kernels in numba's CUDA simulator when there is no GPU
+(tests/ch10_*/conftest.py)."""
 
 from minipaged.exercises.catalog import Exercise
 
+# Each exercise's tests run the kernel it belongs to by name: "auto" picks v3, which needs 10.3's code,
+# and 10.1 and 10.2 come first.
 GRADED = "tests/ch10_paged_attention_kernel/test_graded_exercises.py"
 VS_REF = "tests/ch10_paged_attention_kernel/test_kernels_vs_reference.py"
 BACKEND = "tests/ch10_paged_attention_kernel/test_backend.py"
@@ -22,9 +25,9 @@ EXERCISES = [
              "fp32 otherwise); use math.exp and float32(0.0) to start the sum.",
         tests=(f"{GRADED}::test_softmax_step_keeps_the_running_max_sum_and_rescale",
                f"{GRADED}::test_softmax_steps_rescaled_give_the_softmax_of_the_whole_row",
-               f"{VS_REF}::test_every_sequence_shares_blocks",
-               f"{BACKEND}::test_registered_and_matches_reference",
-               f"{BACKEND}::test_tiny_model_head_dim_16_and_custom_scale"),
+               f"{VS_REF}::test_every_sequence_shares_blocks[v1]",
+               f"{VS_REF}::test_multi_token_queries[v1-None]",
+               f"{BACKEND}::test_gpu_sizes_in_the_simulator[v1-None-16]"),
         minutes=30,
     ),
     Exercise(
@@ -43,5 +46,24 @@ EXERCISES = [
                f"{VS_REF}::test_v2_partition_counts[2]",
                f"{VS_REF}::test_v2_partition_counts[5]"),
         minutes=30,
+    ),
+    Exercise(
+        id="10.3",
+        title="unpack_word: one 8-byte cache word into its fp16 or fp32 values",
+        task="v3 reads K, V and q as int64 words. Write unpack_word(dst, base, w): for fp16 (HALVES) the word "
+             "holds 4 values, value i in bits 16i .. 16i+15 (the first value in memory is the low bits: the "
+             "GPU is little-endian); store value i, converted to fp32, in dst[base + i]. For fp32 the word "
+             "holds 2 values, bits 0..31 and 32..63, into dst[base] and dst[base + 1]. Turn raw bits into a "
+             "value only with half_from_bits (16 bits) and float_from_bits (32 bits): on a GPU they are one "
+             "instruction each, in the simulator a NumPy view. w is a signed int64: a word whose top bit is "
+             "set is negative, and shifting it right drags the sign along.",
+        hint="Shift right, then mask: (w >> (16 * i)) & 0xFFFF. Without the mask the high bits of a negative "
+             "word (or the values above) reach the conversion. A loop over range(4) with a constant trip "
+             "count unrolls: dst stays in registers.",
+        tests=(f"{GRADED}::test_unpack_word_splits_fp16_words_in_memory_order",
+               f"{GRADED}::test_unpack_word_splits_fp32_words",
+               f"{VS_REF}::test_v3_decode",
+               f"{VS_REF}::test_every_sequence_shares_blocks[v3]"),
+        minutes=20,
     ),
 ]

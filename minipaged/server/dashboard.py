@@ -35,8 +35,7 @@ def pool_state(llm_engine, usage_history=()) -> dict:
     policy, scheduler, args = core.policy, core.scheduler, llm_engine.args
     request_of = {}
     for request_id, request in core.requests.items():
-        seqs = request.beam.seqs if request.beam is not None else request.seqs
-        for seq in seqs:
+        for seq in request.seqs:
             request_of[seq.seq_id] = request_id
     state = {"time": time.time(), "kv_policy": args.kv_policy, "scheduler": args.scheduler,
              "kv_cache_usage": core.kv_cache_usage(), "usage_history": [list(p) for p in usage_history],

@@ -7,13 +7,15 @@ are free then) and the request carries on exactly where it stopped. Nothing is r
 is the copying, twice, over the bus between the two memories.
 
 This module keeps only the books, like every policy: which CPU block holds which sequence's logical
-block. It returns the block copies to make, and the engine moves the K/V (kv/paged_cache.py):
+block. It returns the block copies to make, and the runner moves the K/V (kv/paged_cache.py). It
+never touches the device pool: the scheduler takes the tables out of the KV policy and puts them
+back, and hands them over here:
 
     can_swap_out(policy, seq_ids) -> bool       room here for every block the sequences hold?
-    swap_out(policy, seq_ids) -> [(dev, cpu)]   the sequences leave the policy's books and live here
-    blocks_to_resume(seq_ids, appends)          device blocks a swap-in and the next step's tokens take
-    can_swap_in(policy, seq_ids)                room on the device for the blocks alone?
-    swap_in(policy, seq_ids) -> [(cpu, dev)]    back into the policy, in fresh device blocks
+    swap_out(tables) -> [(dev, cpu)]            tables the policy let go of (policy.detach) live here
+    blocks_to_resume(appends)                   device blocks a swap-in and the next step's tokens take
+    tables_of(seq_ids) -> {seq_id: table}       what to hand back to the policy (policy.attach_swapped)
+    swap_in(seq_ids, to_device) -> [(cpu, dev)] forget them once the policy has them back
 
 A request's sequences move together. Blocks that several of them share (parallel samples share the
 prompt, chapter 05) are copied **once** and stay shared on both sides: this pool counts references
@@ -70,16 +72,15 @@ class SwapSpace:
     def can_swap_out(self, policy, seq_ids) -> bool:
         return self.blocks_to_swap_out(policy, seq_ids) <= self.pool.num_free
 
-    def swap_out(self, policy, seq_ids) -> list[tuple[int, int]]:
-        """Move the sequences here. Returns the (device block, CPU block) copies to make, one per
-        distinct device block. Raises ValueError (nothing changed) if this pool is too small."""
-        seq_ids = list(seq_ids)
-        if any(self.holds(s) for s in seq_ids):
-            raise ValueError(f"some of seq_ids={seq_ids!r} are swapped out already")
-        needed = self.blocks_to_swap_out(policy, seq_ids)
+    def swap_out(self, tables: dict) -> list[tuple[int, int]]:
+        """Keep these tables ({seq_id: table}, as ``policy.detach`` returned them) here. Returns the
+        (device block, CPU block) copies to make, one per distinct device block. Raises ValueError
+        (nothing changed) if this pool is too small (``can_swap_out`` asks first)."""
+        if any(self.holds(s) for s in tables):
+            raise ValueError(f"some of seq_ids={list(tables)!r} are swapped out already")
+        needed = len({b for t in tables.values() for b in t.blocks})
         if needed > self.pool.num_free:
             raise ValueError(f"swap space has {self.pool.num_free} free blocks; these sequences hold {needed}")
-        tables = {s: policy.detach(s) for s in seq_ids}  # the device blocks are reusable once their K/V left
         to_cpu: dict[int, int] = {}
         for seq_id, table in tables.items():
             cpu_blocks = []
@@ -116,14 +117,16 @@ class SwapSpace:
     def can_swap_in(self, policy, seq_ids) -> bool:
         return self.blocks_to_swap_in(seq_ids) <= policy.num_free_blocks
 
-    def swap_in(self, policy, seq_ids) -> list[tuple[int, int]]:
-        """Move the sequences back into the policy. Returns the (CPU block, device block) copies.
-        Raises NoFreeMemory (nothing changed) if the device pool has too few free blocks."""
-        tables = {seq_id: self._tables[seq_id] for seq_id in seq_ids}
-        to_device = policy.attach_swapped(tables)  # all or nothing: NoFreeMemory before anything changes
-        for seq_id, table in tables.items():
-            del self._tables[seq_id]
-            self.pool.release(table.blocks)
+    def tables_of(self, seq_ids) -> dict:
+        """The swapped tables of these sequences ({seq_id: table whose blocks are CPU blocks})."""
+        return {seq_id: self._tables[seq_id] for seq_id in seq_ids}
+
+    def swap_in(self, seq_ids, to_device: dict[int, int]) -> list[tuple[int, int]]:
+        """The policy has taken these sequences back (``policy.attach_swapped`` returned
+        ``to_device``, {CPU block: device block}): forget them here. Returns the (CPU block, device
+        block) copies to make."""
+        for seq_id in seq_ids:
+            self.pool.release(self._tables.pop(seq_id).blocks)
         return list(to_device.items())
 
     def drop(self, seq_id) -> None:

@@ -164,7 +164,8 @@ class ContinuousScheduler(OutputMixin):
                     continue
                 return
             self.swapped.popleft()
-            copies = self.swap_space.swap_in(self.policy, ids)
+            to_device = self.policy.attach_swapped(self.swap_space.tables_of(ids))  # fresh device blocks
+            copies = self.swap_space.swap_in(ids, to_device)
             plan.swap_in += copies
             self._count("blocks_swapped_in", len(copies))
             request.status = RequestStatus.RUNNING
@@ -268,8 +269,8 @@ class ContinuousScheduler(OutputMixin):
         ids = [s.seq_id for s in request.seqs]
         cached = sum(self.policy.num_tokens(i) for i in ids)
         if self.preemption_mode == "swap" and cached:
-            if self.swap_space.can_swap_out(self.policy, ids):
-                copies = self.swap_space.swap_out(self.policy, ids)
+            if self.swap_space.can_swap_out(self.policy, ids):  # the policy lets go of the blocks, the swap
+                copies = self.swap_space.swap_out({i: self.policy.detach(i) for i in ids})  # space keeps them
                 plan.swap_out += copies
                 self._count("blocks_swapped_out", len(copies))
                 self._count("preempted_swap")

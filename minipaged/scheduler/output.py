@@ -121,16 +121,20 @@ class OutputMixin:
         self._token_came(request, seq, now, result)
         return seq.output_ids[-1], seq.finished
 
-    def _token_came(self, request: Request, seq, now: float, result: StepResult, n: int = 1) -> None:
+    def _token_came(self, request: Request, seq, now: float, result: StepResult) -> None:
+        """When seq's new token came: the gap since its last one, and the request's first token."""
         if seq.token_times:
             result.gaps.append(now - seq.token_times[-1])
         seq.token_times.append(now)
         if seq.first_token_time is None:
             seq.first_token_time = now
+        self._tokens_came(request, seq.num_cached_tokens, 1, now, result)
+
+    def _tokens_came(self, request: Request, cached: int, n: int, now: float, result: StepResult) -> None:
         root = request.root
-        if root.first_token_time is None:
+        if root.first_token_time is None:  # its first token: the prompt is counted once, with its hit
             root.first_token_time = now
-            result.first.append((root, seq.num_cached_tokens))
+            result.first.append((root, cached))
         result.num_tokens += n
         result.changed[root.request_id] = None
 
@@ -187,8 +191,7 @@ class OutputMixin:
                                         p.beam_width, state.eos_token_id, p.ignore_eos, p.length_penalty)
         state.complete += complete
         state.steps += 1
-        self._token_came(request, state.seqs[0], now, result, n=len(chosen) + len(complete))
-        state.seqs[0].token_times.pop()  # a beam's token times are not kept
+        self._tokens_came(request, state.seqs[0].num_cached_tokens, len(chosen) + len(complete), now, result)
         if state.steps >= state.max_tokens or not chosen:  # done: the last tokens need no K/V
             for seq in request.seqs:
                 seq.finish_reason = seq.finish_reason or "length"

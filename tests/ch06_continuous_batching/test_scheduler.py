@@ -143,13 +143,13 @@ def test_swap_out_and_in_keep_the_sharing():
     policy.drain_copies()
     before = {s: (policy.num_tokens(s), policy.block_table(s)) for s in "abc"}
     swap = SwapSpace(16, 4)
-    out = swap.swap_out(policy, ["a", "b", "c"])
+    out = swap.swap_out({s: policy.detach(s) for s in ["a", "b", "c"]})
     assert len(out) == 4  # blocks 0, 1 (shared by all), a/c's block 2, b's copy: each moved once
     assert policy.num_free_blocks == policy.num_blocks and not policy.seq_ids()
     swap.check_invariants()
     policy.allocate("x", 20, 1)  # someone else takes device blocks meanwhile
     policy.append_slots("x", 20)
-    back = dict(swap.swap_in(policy, ["a", "b", "c"]))
+    back = dict(swap.swap_in(["a", "b", "c"], policy.attach_swapped(swap.tables_of(["a", "b", "c"]))))
     policy.check_invariants()
     swap.check_invariants()
     assert swap.pool.num_free == 16 and sorted(back) == sorted(cpu for _, cpu in out)

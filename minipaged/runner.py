@@ -219,7 +219,7 @@ class PerRequestRunner(ModelRunner):
     sequence (the oracle for caching). Its policy (kv/per_request.py's UnboundedPolicy) only counts
     tokens, and the core runs one sequence at a time, as chapter 00's loop does."""
 
-    def __init__(self, model, tokenizer, policy, *, use_cache: bool = True, metrics=None):
+    def __init__(self, model, tokenizer, policy, *, use_cache: bool, metrics=None):
         self.model, self.tokenizer, self.policy = model, tokenizer, policy
         self.use_cache = use_cache
         self.metrics = metrics

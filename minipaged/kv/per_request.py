@@ -72,7 +72,8 @@ class UnboundedPolicy:
     position; PerRequestRunner keeps the K/V itself). Memory is unbounded: every append succeeds.
 
     ``fork(parent, child)`` (beam search) gives the child the parent's tokens; the copy to make,
-    (parent, child), comes out of ``drain_copies`` and PerRequestRunner clones the parent's tensors:
+    (parent, child), comes out of ``drain_copies`` into the step's plan (the scheduler drains it), and
+    PerRequestRunner clones the parent's tensors:
     a private copy of everything, the unshared oracle for chapter 05's shared blocks.
 
     Plain Python, no torch. It has no blocks: block_size is 1 and a block table is empty."""

@@ -155,11 +155,6 @@ class AsyncLLMEngine:
         """Whether the engine thread is alive (the server's /health)."""
         return self._looping and not self._stop
 
-    @property
-    def num_waiting_clients(self) -> int:
-        with self._lock:
-            return len(self._queues)
-
     def request_stop(self) -> None:
         """Like ``stop`` but without waiting, and without taking a lock, so that a signal handler on
         the engine's own thread may call it: the engine aborts everything at its next pass (at most

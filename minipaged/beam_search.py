@@ -20,12 +20,14 @@ every further one forks them (reference counts + 1, nothing copied), and a paren
 is freed (pruned). Next step, each beam appends its token; a beam whose last block is still shared
 copies that block first (copy-on-write). Beams therefore hold one copy of their common prefix.
 
-The search runs inside the engine core (core.py) like any request: the scheduler plans every live
-beam as a sequence of the request's group (scheduler/plan.py), the runner computes their logits in
-the step's forward pass, and instead of sampling the core ranks the candidates (``select_beams``)
-and makes the K/V follow (``plan_moves``: take over, fork, prune through the KV policy). So beam
-search gets admission, preemption, the prefix cache and chunked prefill from the core, and has no
-loop of its own. Which memory it uses is the KV policy's choice:
+The search is a request of the engine like any other: the scheduler plans every live beam as a
+sequence of the request (scheduler/request.py), the runner computes their logits in the step's
+forward pass, and where the scheduler applies the step's output (scheduler/output.py) it hands the
+rows to the search instead of sampling: the search ranks the candidates (``select_beams``) and says
+how the K/V follows (``plan_moves``: take over, fork, prune), which the scheduler carries out
+through the KV policy. The engine core's step has no branch for it. So beam search gets admission,
+preemption, the prefix cache and chunked prefill from the engine, and has no loop of its own.
+Which memory it uses is the KV policy's choice:
     "shared" / "prefix_caching"   beams share blocks in the paged pool (the thing being taught);
     "per_request"                 every beam owns private K/V tensors, copied whole when a beam
                                   branches: a plain beam search without any sharing, the oracle.
@@ -117,14 +119,15 @@ def worst_case_blocks(prompt_len: int, max_tokens: int, width: int, block_size: 
 
 @dataclass
 class BeamState:
-    """One beam search inside the engine core: its live beams (``beams[i]`` is ``seqs[i]``'s search
+    """One beam search inside the engine: its live beams (``beams[i]`` is ``seqs[i]``'s search
     state), the finished candidates, and the logits rows its beams got this step."""
 
     params: BeamSearchParams
     prompt: list[int]
     max_tokens: int
     beams: list[BeamSearchSequence]
-    seqs: list  # the core's Sequence of each live beam, in beam order
+    seqs: list  # the Sequence of each live beam, in beam order (the request runs them)
+    eos_token_id: int | None = None
     complete: list[BeamSearchSequence] = field(default_factory=list)
     steps: int = 0
     rows: dict = field(default_factory=dict)  # seq_id -> logits row, until every live beam has one
@@ -133,6 +136,11 @@ class BeamState:
     def ready(self) -> bool:
         """Whether every live beam has its logits row for this step."""
         return bool(self.seqs) and all(s.seq_id in self.rows for s in self.seqs)
+
+    def restart(self, seq) -> None:
+        """Start over from the prompt, as the one sequence ``seq`` (a preemption by recompute)."""
+        self.beams, self.seqs, self.complete, self.steps = [BeamSearchSequence(list(self.prompt))], [seq], [], 0
+        self.rows.clear()
 
 
 def plan_moves(chosen: list[tuple[int, BeamSearchSequence]], num_parents: int) -> tuple[list[bool], list[int]]:
@@ -147,18 +155,19 @@ def plan_moves(chosen: list[tuple[int, BeamSearchSequence]], num_parents: int) -
     return forks, [p for p in range(num_parents) if p not in taken]
 
 
-def finish_output(state: BeamState, eos_token_id: int | None, tokenizer) -> BeamSearchOutput:
-    """The best beam_width of (complete + live) beams by score, with their texts (tokenizer None
-    leaves .text unset)."""
+def finish_output(state: BeamState, eos_token_id: int | None) -> BeamSearchOutput:
+    """The best beam_width of (complete + live) beams by score (``decode_texts`` adds their texts)."""
     p = state.params
     for beam in state.beams:
         beam.finish_reason = "length"
     ranked = sorted(state.complete + state.beams, reverse=True,
                     key=lambda s: beam_score(s.tokens, s.cum_logprob, eos_token_id, p.length_penalty))
-    best = ranked[:p.beam_width]
-    for beam in best:
-        out = beam.tokens[len(state.prompt):]
-        if beam.finish_reason == "stop":
-            out = out[:-1]
-        beam.text = tokenizer.decode(out) if tokenizer is not None else None
-    return BeamSearchOutput(best)
+    return BeamSearchOutput(ranked[:p.beam_width])
+
+
+def decode_texts(output: BeamSearchOutput, prompt_len: int, tokenizer) -> None:
+    """Each beam's generated tokens as text, without a final EOS (the front end does this)."""
+    for beam in output.sequences:
+        if beam.text is None:
+            out = beam.tokens[prompt_len:]
+            beam.text = tokenizer.decode(out[:-1] if beam.finish_reason == "stop" else out)

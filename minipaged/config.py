@@ -2,8 +2,8 @@
 
     args = EngineArgs(model="tiny", kv_policy="on_demand", block_size=8)
     args.validate()                 # ValueError naming the field and what is allowed
-    LLM(**options)                  # builds EngineArgs(**options) and validates it
-    LLMEngine.from_engine_args(args)
+    LLMEngine.from_engine_args(args)   # validates it once, then passes it whole to the core
+    LLM(**options)                  # EngineArgs(**options) -> LLMEngine
 
 The defaults are the finished engine, as vLLM's are: a paged pool of shared, reference-counted
 blocks with the prefix cache (chapter 07), continuous batching (chapter 06), decode attention by a
@@ -11,8 +11,11 @@ compiled CPU kernel (``attention_backend="cpu"``) and the model's small operatio
 (``cpu_kernels=True``, model/kernels.py). A chapter that shows an earlier stage chooses it
 by name, for example ``EngineArgs(kv_policy="per_request")`` for chapter 00's one-sequence engine.
 
-Adding a chapter's option means adding a field here (with its check in ``validate``) and reading it
-in the policy or scheduler it configures; nothing else checks options.
+Each option has its default here, once (a scheduler built by hand reads the same defaults). Adding a
+chapter's option means adding a field here, with its check in ``validate``, and reading it where
+the engine core or ``build_core`` (llm_engine.py) builds the policy, scheduler or runner it
+configures. The parts check what they are handed too (a policy its sizes, a scheduler its mode),
+for callers that build them by hand, but only ``validate`` knows how the options combine.
 
 What needs the model is checked by ``resolve(model_max_len)``: ``max_model_len`` against the model's
 context length. Everything else is checked before any weights are loaded.
@@ -22,7 +25,7 @@ Not handled: tensor or pipeline parallelism, LoRA, quantized weights or KV.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 
 KV_POLICIES = ("per_request", "contiguous", "fixed_blocks", "block_table", "on_demand", "shared", "prefix_caching")
 RESERVING_POLICIES = ("contiguous", "fixed_blocks", "block_table")  # reserve each request's memory up front
@@ -87,7 +90,9 @@ class EngineArgs:
     cpu_kernels: run the model's small operations (RMSNorm, RoPE, SwiGLU, the thin products, the cache
         write) as compiled C++ kernels (model/kernels.py; built on first use, the PyTorch code when no
         compiler is there). False runs the model's PyTorch code, their oracle. Pooled policies only.
-    max_num_seqs: most sequences running at once.
+    max_num_seqs: most sequences running at once; it also bounds SamplingParams.n and a beam search's
+        beam_width. With kv_policy="per_request" the scheduler runs one request at a time whatever it
+        says (``running_limit``): chapter 00's memory is the one-request loop it teaches.
     scheduler: (chapter 06) "continuous" (requests join and leave the batch at every step) or "static"
         (a batch runs until its longest request ends).
     preemption_mode: (chapter 06) what happens to the newest request when the pool runs dry: "recompute"
@@ -131,7 +136,6 @@ class EngineArgs:
     max_model_len: int | None = None
     device: str = "cpu"
     progress: bool = True
-    _validated: bool = field(default=False, init=False, repr=False, compare=False)
 
     # ---- derived values (valid after validate()) ----------------------------------------------
 
@@ -139,6 +143,11 @@ class EngineArgs:
     def pooled(self) -> bool:
         """Whether sequences share one KV pool (every policy but chapter 00's per_request)."""
         return self.kv_policy != "per_request"
+
+    @property
+    def running_limit(self) -> int:
+        """Sequences the scheduler runs at once: max_num_seqs, or 1 for chapter 00's per_request."""
+        return self.max_num_seqs if self.pooled else 1
 
     @property
     def swap_tokens(self) -> int:
@@ -210,7 +219,6 @@ class EngineArgs:
         self._check_device()
         self._check_combinations()
         self._check_unused()
-        self._validated = True
         return self
 
     def _check_device(self) -> None:

@@ -37,8 +37,8 @@ class LLM:
         unknown = sorted(set(options) - set(EngineArgs.field_names()))
         if unknown:
             raise ValueError(f"LLM() got unknown options {unknown}; the known ones are {EngineArgs.field_names()}")
-        self.args = EngineArgs(model=model, **options).validate()
-        self.engine = self.llm_engine = LLMEngine(self.args)
+        self.engine = self.llm_engine = LLMEngine(EngineArgs(model=model, **options))  # validates them
+        self.args = self.engine.args
         self.model, self.tokenizer, self.config = self.engine.model, self.engine.tokenizer, self.engine.config
         self.max_model_len = self.engine.max_model_len
         self.kv_policy = self.args.kv_policy

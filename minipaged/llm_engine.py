@@ -36,6 +36,7 @@ from minipaged.config import EngineArgs
 from minipaged.core import EngineCore
 from minipaged.outputs import CompletionOutput, RequestOutput
 from minipaged.sampling_params import RequestOutputKind, SamplingParams
+from minipaged.scheduler import RequestStatus
 
 
 def free_bytes(device: str) -> int | None:
@@ -57,12 +58,16 @@ def free_bytes(device: str) -> int | None:
 
 
 def build_core(args: EngineArgs, loaded=None, metrics=None) -> tuple[EngineCore, object]:
-    """The model, the KV policy and the runner that ``args`` choose, in one core. Returns (core, loaded)."""
+    """The model, the KV policy and the runner that ``args`` (validated) choose, in one core.
+    Returns (core, loaded)."""
+    from minipaged.config import GROWING_POLICIES
     from minipaged.kv.factory import make_policy
+    from minipaged.kv.swap import swap_blocks_for
+    from minipaged.metrics import engine_metrics
     from minipaged.model import load_model
     from minipaged.runner import ModelRunner, PerRequestRunner
 
-    args.validate()
+    metrics = metrics if metrics is not None else engine_metrics()  # the runner counts its block copies there
     if loaded is None:
         loaded = load_model(args.model, dtype=args.dtype, seed=args.seed, progress=args.progress, device=args.device)
     max_model_len = args.resolve(loaded.config.max_model_len)
@@ -71,20 +76,18 @@ def build_core(args: EngineArgs, loaded=None, metrics=None) -> tuple[EngineCore,
     if args.pooled and args.cpu_kernels:
         _pack_weights(loaded.model)  # before the pool is sized: the packed copy takes memory too
     args.check_pool(max_model_len, bytes_per_token, free_bytes)
-    eos = loaded.tokenizer.eos_token_id
-    if not args.pooled:
+    if args.pooled:
+        options = {"watermark": args.watermark} if args.kv_policy in GROWING_POLICIES else {}
+        policy = make_policy(args.kv_policy, num_slots=args.kv_capacity_tokens, block_size=args.block_size,
+                             max_model_len=max_model_len, reservation=args.reservation, **options)
+        runner = ModelRunner(loaded.model, loaded.tokenizer, policy, attention_backend=args.attention_backend,
+                             cpu_kernels=args.cpu_kernels, swap_blocks=swap_blocks_for(args, policy), metrics=metrics)
+    else:
         from minipaged.kv.per_request import UnboundedPolicy
 
         policy = UnboundedPolicy(max_model_len)
         runner = PerRequestRunner(loaded.model, loaded.tokenizer, policy, use_cache=args.use_cache)
-        return EngineCore(args, policy, runner, loaded.tokenizer, eos, max_model_len, metrics), loaded
-    options = {"watermark": args.watermark} if args.kv_policy in ("on_demand", "shared", "prefix_caching") else {}
-    policy = make_policy(args.kv_policy, num_slots=args.kv_capacity_tokens, block_size=args.block_size,
-                         max_model_len=max_model_len, reservation=args.reservation, **options)
-    core = EngineCore(args, policy, None, loaded.tokenizer, eos, max_model_len, metrics)  # sizes the swap space
-    core.runner = ModelRunner(loaded.model, loaded.tokenizer, policy, attention_backend=args.attention_backend,
-                              cpu_kernels=args.cpu_kernels,
-                              swap_blocks=core.swap_space.num_blocks if core.swap_space else 0, metrics=core.metrics)
+    core = EngineCore(args, policy, runner, loaded.tokenizer, loaded.tokenizer.eos_token_id, max_model_len, metrics)
     return core, loaded
 
 
@@ -155,8 +158,10 @@ def prompt_token_ids(prompt, tokenizer, vocab_size: int, max_model_len: int, whe
 
 class LLMEngine:
     def __init__(self, args: EngineArgs, loaded=None):
-        self.args = args
-        self.core, loaded = build_core(args, loaded)
+        if not isinstance(args, EngineArgs):
+            raise ValueError(f"engine_args must be EngineArgs, got {type(args).__name__}")
+        self.args = args.validate()  # the one place options are checked
+        self.core, loaded = build_core(self.args, loaded)
         self.model, self.tokenizer, self.config = loaded.model, loaded.tokenizer, loaded.config
         self._loaded = loaded
         self._sent: dict[int, tuple[int, int]] = {}  # seq_id -> (tokens, characters) already streamed
@@ -164,8 +169,6 @@ class LLMEngine:
 
     @classmethod
     def from_engine_args(cls, engine_args: EngineArgs) -> LLMEngine:
-        if not isinstance(engine_args, EngineArgs):
-            raise ValueError(f"engine_args must be EngineArgs, got {type(engine_args).__name__}")
         return cls(engine_args)
 
     # ---- what the core is made of (for the chapters, the tests and the benchmarks) --------------
@@ -173,8 +176,6 @@ class LLMEngine:
     @property
     def policy(self):
         return self.core.policy
-
-    kv = policy
 
     @property
     def scheduler(self):
@@ -294,29 +295,34 @@ class LLMEngine:
     def _output(self, request, finished: bool, delta: bool) -> RequestOutput:
         if request.beam is not None:
             return self._beam_request_output(request, finished)
-        completions = [self._completion(seq, delta) for seq in request.seqs]
+        completions = [self._completion(seq, delta, request) for seq in request.samples]
         if delta:  # a sample with nothing new stays out of a delta, unless the request is over
             completions = [c for c in completions if c.token_ids or c.text or c.finish_reason or finished]
-        first = [s.first_token_time for s in request.seqs if s.first_token_time is not None]
+        first = [s.first_token_time for s in request.samples if s.first_token_time is not None]
         metrics = {"arrival_time": request.arrival_time, "first_token_time": min(first) if first else None,
                    "finished_time": request.finished_time if finished else None,
-                   "token_times": [list(s.token_times) for s in request.seqs]}
+                   "token_times": [list(s.token_times) for s in request.samples]}
         return RequestOutput(request.request_id, request.extra.get("prompt"), request.prompt_ids, completions,
-                             finished=finished, metrics=metrics, num_cached_tokens=request.seqs[0].num_cached_tokens)
+                             finished=finished, metrics=metrics, num_cached_tokens=request.samples[0].num_cached_tokens)
 
     def _beam_request_output(self, request, finished: bool) -> RequestOutput:
         completions = []
         if finished and request.beam.output is not None:
+            from minipaged.beam_search import decode_texts
+
             self._beam_outputs[request.request_id] = out = request.beam.output
             n = len(request.prompt_ids)
+            decode_texts(out, n, self.tokenizer)
             completions = [CompletionOutput(i, b.text or "", b.tokens[n:], b.cum_logprob, None, b.finish_reason)
                            for i, b in enumerate(out.sequences)]
         return RequestOutput(request.request_id, request.extra.get("prompt"), request.prompt_ids, completions,
                              finished=finished, metrics={"arrival_time": request.arrival_time,
                                                          "finished_time": request.finished_time})
 
-    def _completion(self, seq, delta: bool) -> CompletionOutput:
+    def _completion(self, seq, delta: bool, request) -> CompletionOutput:
         out = seq.to_output()
+        if request.status is RequestStatus.REFUSED and not seq.output_ids:  # vLLM's way to say it: an abort
+            out.stop_reason = f"refused: {request.refusal_reason}"
         if not delta:
             return out
         tokens_sent, chars_sent = self._sent.get(seq.seq_id, (0, 0))
@@ -329,5 +335,5 @@ class LLMEngine:
         return out
 
     def _forget(self, request) -> None:
-        for seq in request.seqs:
+        for seq in request.samples:
             self._sent.pop(seq.seq_id, None)

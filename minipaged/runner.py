@@ -1,22 +1,27 @@
-"""Runners: what executes one planned step. The engine core (core.py) plans with the scheduler, hands
-the plan to a runner, and samples from what comes back.
+"""Runners: what executes one planned step. The scheduler plans (scheduler/), a runner executes the
+plan, and the scheduler applies what comes back (``update_from_output``); the engine core (core.py)
+only calls the three in turn.
 
 Every runner has the same calls:
 
-    execute(plan) -> rows            one entry per planned sequence: its rows (the last token's, then
-                                     one per draft token, chapter 09), in the plan's order; a model
-                                     runner's rows are StepRows (logits with their log-softmax and argmax)
-    append_token(seq, row, gen)      choose the next token from one row and append it to seq
-    beam_candidates(rows, width, t)  each beam's 2 * width best (token, logprob) (beam search)
+    execute(plan) -> StepOutput      make the plan's block copies (swap-outs, swap-ins, copies on
+                                     write, in that order), run one forward pass over every planned
+                                     token, and return each planned sequence's rows (its last token's,
+                                     then one per draft token, chapter 09), in the plan's order
     make_generator(seed)             the random generator a sample draws from (None if it needs none)
     reset()                          forget everything (after an abort of every request)
+
+A ``StepOutput`` is the rows and how to draw from them: ``sample(seq, row)`` draws seq's next token
+from one row with seq's own generator and appends it; ``candidates(rows, width, t)`` gives each
+beam its 2 * width best (token, logprob). The scheduler draws a row's token only when it uses it, so
+a draft (chapter 09) costs one draw per emitted token, as plain decoding does, and a seeded
+request gets the same tokens either way.
+
+A runner reads the KV policy (the block tables) and never changes it: the scheduler alone does.
 
 Three runners:
 
     ModelRunner       the model, the paged K/V tensors (kv/paged_cache.py) and an attention backend.
-                      It makes the block copies the plan asks for (swap-outs, swap-ins, copies on
-                      write, in that order), runs one forward pass over all planned tokens, and
-                      tells the KV policy which tokens' K/V are written (a prefix cache listens).
     PerRequestRunner  chapter 00's memory: a growing K/V tensor per sequence (or none at all with
                       use_cache=False, which recomputes every token at every step).
     SyntheticRunner   no model: every "forward pass" is free and each sequence's next token comes
@@ -30,6 +35,8 @@ Not handled: overlapping the block copies with compute, CUDA graphs, sampling on
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import NamedTuple
 
 
@@ -40,6 +47,15 @@ class StepRow(NamedTuple):
     logits: object  # [V]
     logprobs: object  # [V]: log_softmax(logits)
     greedy_token: int  # argmax(logits)
+
+
+@dataclass
+class StepOutput:
+    """What a runner returns for one plan: each planned sequence's rows, and how to draw from them."""
+
+    rows: list[list]  # per planned sequence, in plan order: its rows (1 + its draft's length)
+    sample: Callable  # sample(seq, row): draw seq's next token from row with seq.generator, append it
+    candidates: Callable  # candidates(rows, width, temperature): each beam's 2 * width (token, logprob)
 
 
 def step_rows(logits) -> list[StepRow]:
@@ -55,16 +71,13 @@ class SyntheticRunner:
     """A runner without a model (see the module docstring). ``token_of(seq) -> int`` gives each
     sequence's next token; the output lengths come from the requests' max_tokens (ignore_eos)."""
 
-    needs_torch = False
-
-    def __init__(self, policy, token_of=None, candidates_of=None):
-        self.policy = policy
+    def __init__(self, token_of=None, candidates_of=None):
         self.token_of = token_of or (lambda seq: 7)
         # candidates_of(width) -> a beam's 2 * width (token, logprob), best first (beam search)
         self.candidates_of = candidates_of or (lambda width: [(7 + i, -1.0 - i) for i in range(2 * width)])
         self.last_forward_seconds = 0.0
         self.last_num_tokens = 0  # token positions the last execute computed
-        self.num_copies = 0  # block copies the policy asked for (a model runner would make them)
+        self.num_copies = 0  # block copies the plans asked for (a model runner would make them)
 
     def make_generator(self, seed):
         return None
@@ -72,17 +85,13 @@ class SyntheticRunner:
     def beam_candidates(self, rows, width: int, temperature: float) -> list[list[tuple[int, float]]]:
         return [self.candidates_of(width) for _ in rows]
 
-    def execute(self, plan) -> list[list]:
-        self.num_copies += len(self.policy.drain_copies())  # there is no K/V to copy
-        for work in plan.work:  # their "K/V" is written; a draft's guesses only once verified
-            self.policy.commit_tokens(work.seq.seq_id, work.tokens[:work.num_own])
+    def execute(self, plan) -> StepOutput:
+        self.num_copies += len(plan.copies)  # there is no K/V to copy or swap
         self.last_num_tokens = plan.num_tokens
-        return [[None] * (1 + len(work.draft)) for work in plan.work]
+        return StepOutput([[None] * (1 + len(work.draft)) for work in plan.work], self.append_token,
+                          self.beam_candidates)
 
-    def swap_blocks(self, swap_out, swap_in) -> None:
-        """There is no K/V to move (a model runner copies the blocks here)."""
-
-    def append_token(self, seq, row, generator) -> None:
+    def append_token(self, seq, row) -> None:
         seq.append(self.token_of(seq), None)
 
     def reset(self) -> None:
@@ -92,10 +101,8 @@ class SyntheticRunner:
 class ModelRunner:
     """The model over a paged KV pool (see the module docstring)."""
 
-    needs_torch = True
-
-    def __init__(self, model, tokenizer, policy, *, attention_backend: str = "torch_batched",
-                 cpu_kernels: bool = False, swap_blocks: int = 0, metrics=None):
+    def __init__(self, model, tokenizer, policy, *, attention_backend: str, cpu_kernels: bool, swap_blocks: int = 0,
+                 metrics=None):
         from minipaged.kv.paged_cache import PagedKVCache, SwapKVCache
 
         cfg = model.config
@@ -114,10 +121,10 @@ class ModelRunner:
 
         return make_generator(seed)
 
-    def append_token(self, seq, row, generator) -> None:
+    def append_token(self, seq, row) -> None:
         from minipaged.engine import next_token
 
-        next_token(seq, row.logits, generator, self.tokenizer, row.logprobs, row.greedy_token)
+        next_token(seq, row.logits, seq.generator, self.tokenizer, row.logprobs, row.greedy_token)
 
     def beam_candidates(self, rows, width: int, temperature: float) -> list[list[tuple[int, float]]]:
         """Each beam's 2 * width most likely (token, logprob), best first (beam_search.py)."""
@@ -156,28 +163,30 @@ class ModelRunner:
 
     # ---- the forward pass ----------------------------------------------------------------------
 
-    def execute(self, plan) -> list[list]:
+    def execute(self, plan) -> StepOutput:
         self.swap_blocks(plan.swap_out, plan.swap_in)
-        logits = self.forward([(w.seq.seq_id, w.tokens, w.cached, w.slots) for w in plan.work],
-                              drafts={w.seq.seq_id: len(w.draft) for w in plan.work if w.draft})
-        flat, rows, at = step_rows(logits), [], 0
-        for work in plan.work:
-            rows.append(flat[at:at + 1 + len(work.draft)])
-            at += 1 + len(work.draft)
-        return rows
+        self.copy_blocks(plan.copies)  # before any new K/V lands in a copied block
+        rows = []
+        if plan.work:
+            logits = self.forward([(w.seq.seq_id, w.tokens, w.cached, w.slots) for w in plan.work],
+                                  drafts={w.seq.seq_id: len(w.draft) for w in plan.work if w.draft})
+            flat, at = step_rows(logits), 0
+            for work in plan.work:
+                rows.append(flat[at:at + 1 + len(work.draft)])
+                at += 1 + len(work.draft)
+        return StepOutput(rows, self.append_token, self.beam_candidates)
 
     def forward(self, work, drafts: dict | None = None):
         """One forward pass. work: [(seq_id, token ids to compute, tokens already cached, their
-        slots)] whose slots the policy has just handed out. Returns logits [rows, V]: each entry's
+        slots)] whose slots the scheduler has just planned. Returns logits [rows, V]: each entry's
         last token, or for an entry in ``drafts`` ({seq_id: d}, chapter 09) d + 1 rows (the token
-        before the guesses, then each guess). Guesses are not committed, since they may be wrong."""
+        before the guesses, then each guess)."""
         import torch
 
         from minipaged.kv.paged_cache import PagedBatch
         from minipaged.model import kernels
 
         drafts = drafts or {}
-        self.copy_blocks(self.policy.drain_copies())  # before any new K/V lands in a copied block
         tokens, positions, slots, tables, context_lens, query_lens = [], [], [], [], [], []
         for seq_id, new_tokens, cached, new_slots in work:
             tokens += new_tokens
@@ -201,8 +210,6 @@ class ModelRunner:
             torch.cuda.synchronize()
         self.last_forward_seconds = time.perf_counter() - start
         self.last_num_tokens = len(tokens)
-        for seq_id, new_tokens, _, _ in work:  # their K/V is written now (a prefix cache records it)
-            self.policy.commit_tokens(seq_id, new_tokens[:len(new_tokens) - drafts.get(seq_id, 0)])
         return logits
 
 
@@ -212,7 +219,7 @@ class PerRequestRunner(ModelRunner):
     sequence (the oracle for caching). Its policy (kv/per_request.py's UnboundedPolicy) only counts
     tokens, and the core runs one sequence at a time, as chapter 00's loop does."""
 
-    def __init__(self, model, tokenizer, policy, *, use_cache: bool = True, metrics=None):
+    def __init__(self, model, tokenizer, policy, *, use_cache: bool, metrics=None):
         self.model, self.tokenizer, self.policy = model, tokenizer, policy
         self.use_cache = use_cache
         self.metrics = metrics
@@ -224,13 +231,13 @@ class PerRequestRunner(ModelRunner):
     def reset(self) -> None:
         self.caches.clear()
 
-    def execute(self, plan) -> list[list]:
+    def execute(self, plan) -> StepOutput:
         import torch
 
         from minipaged.kv.per_request import BatchOfCaches, NoCache, PerRequestKVCache
 
         layers = self.model.config.num_layers
-        for parent, child in self.policy.drain_copies():  # beam search forked: a private copy of everything
+        for parent, child in plan.copies:  # beam search forked: a private copy of everything
             source, copy = self.caches[parent], PerRequestKVCache(layers)
             copy.k = [t.clone() for t in source.k]
             copy.v = [t.clone() for t in source.v]
@@ -240,6 +247,8 @@ class PerRequestRunner(ModelRunner):
             del self.caches[seq_id]
         device = self.model.device
         start = time.perf_counter()
+        if not plan.work:
+            return StepOutput([], self.append_token, self.beam_candidates)
         if self.use_cache:  # every planned sequence in one forward pass, each through its own cache
             caches = [self.caches.setdefault(w.seq.seq_id, PerRequestKVCache(layers)) for w in plan.work]
             tokens = [t for w in plan.work for t in w.tokens]
@@ -258,7 +267,5 @@ class PerRequestRunner(ModelRunner):
                                     torch.arange(len(ids), device=device), NoCache(), logits_rows=[len(ids) - 1])
                 rows.append(step_rows(logits))  # one row
             self.last_num_tokens = sum(w.cached + w.num_own for w in plan.work)
-        for w in plan.work:
-            self.policy.commit_tokens(w.seq.seq_id, w.tokens)
         self.last_forward_seconds = time.perf_counter() - start
-        return rows
+        return StepOutput(rows, self.append_token, self.beam_candidates)

@@ -37,6 +37,7 @@ class Sequence:
     finished_time: float | None = None
     num_cached_tokens: int = 0  # prompt tokens the prefix cache served at its first prefill (chapter 07)
     token_times: list[float] = field(default_factory=list)  # when each output token was sampled
+    generator: object = field(default=None, repr=False)  # the random generator this sample draws from
     _detok: IncrementalDetokenizer | None = field(default=None, repr=False, compare=False)
 
     @property
@@ -80,6 +81,18 @@ class Sequence:
             self.finish_reason = "length"
         if self.finish_reason is not None and self._detok is not None:
             self._detok.finish()
+
+    def fork(self, seq_id: int) -> Sequence:
+        """A new sequence with this one's tokens so far (a beam that branches, chapter 05)."""
+        return Sequence(seq_id=seq_id, prompt_ids=self.prompt_ids, params=self.params, eos_token_id=self.eos_token_id,
+                        max_model_len=self.max_model_len, output_ids=list(self.output_ids),
+                        arrival_time=self.arrival_time, num_cached_tokens=self.num_cached_tokens)
+
+    def restart(self, seq_id: int) -> Sequence:
+        """A new sequence with this one's prompt alone (a beam search that starts over)."""
+        return Sequence(seq_id=seq_id, prompt_ids=list(self.prompt_ids), params=self.params,
+                        eos_token_id=self.eos_token_id, max_model_len=self.max_model_len,
+                        arrival_time=self.arrival_time)
 
     def stream_text(self) -> str:
         """The part of the text that may be shown while the sequence is still going: never a final

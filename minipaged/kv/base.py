@@ -1,11 +1,14 @@
 """What every KV policy shares: the interface, the waste accounting, the errors and the input checks.
 
 A KV policy decides where each sequence's keys and values live in a pool of ``num_slots`` token
-slots. The engine and the trace simulator drive every policy through the same calls:
+slots. The scheduler (the only caller of the mutating calls in the engine) and the trace simulator
+drive every policy through the same calls:
 
     can_allocate(prompt_len, max_new_tokens, final_len=None) -> bool    would admission succeed now?
-    allocate(seq_id, prompt_len, max_new_tokens, final_len=None)         admit: reserve what the policy
-                                                                         reserves up front (no tokens yet)
+    allocate(seq_id, prompt_len, max_new_tokens, final_len=None, token_ids=None)
+                                            admit: reserve what the policy reserves up front (no
+                                            tokens yet); with token_ids a prefix cache (chapter 07)
+                                            counts the blocks it already holds as computed
     append_slots(seq_id, n) -> list[int]    room for the next n tokens: their physical slot indices
     can_append_slots(seq_id, n) -> bool     would append_slots succeed now? (a scheduler asks first)
     can_append_all([(seq_id, n), ...])      the same for several sequences at once (a whole request)
@@ -15,12 +18,23 @@ slots. The engine and the trace simulator drive every policy through the same ca
     free(seq_id)                            give everything back (finish, abort or preemption)
     usage(head=None) -> Usage               the waste accounting below
     check_invariants()                      AssertionError with a clear message if bookkeeping broke
-    drain_copies() -> [(src, dst)]          block copies the engine makes before writing (always []
-                                            except under copy-on-write, chapter 05's kv/shared.py)
-    commit_tokens(seq_id, token_ids)        the engine has written these tokens' K/V (only the prefix
-                                            cache, chapter 07's kv/prefix_cache.py, listens)
+    drain_copies() -> [(src, dst)]          block copies to make before writing (the scheduler puts
+                                            them in the step's plan; always [] except under
+                                            copy-on-write, chapter 05's kv/shared.py)
+    commit_tokens(seq_id, token_ids)        these tokens' K/V is written (only the prefix cache,
+                                            chapter 07's kv/prefix_cache.py, listens)
     truncate(seq_id, num_tokens)            forget the tokens from num_tokens on (chapter 09: rejected
                                             draft tokens); blocks taken for them go back
+    cached_prefix_tokens(token_ids) -> int  tokens of a prompt a prefix cache would serve (else 0)
+
+What a policy supports, it declares (class attributes the scheduler and the engine read, never probe):
+
+    shares_blocks    fork and copy-on-write (chapter 05): parallel samples share their prompt
+    can_fork         fork(parent, child) exists: beam search needs it (chapter 05; chapter 00 too)
+    caches_prefixes  allocate(..., token_ids=) finds cached blocks (chapter 07)
+    can_swap         detach / attach_swapped move a sequence's blocks out and back (chapter 06)
+    bounded          the pool has a size (all but chapter 00's): a request can outgrow it
+    watermark_blocks free blocks admission keeps for running sequences to grow into (chapter 04)
 
 A slot is ``block * block_size + offset``. The prompt is written like any other tokens: the engine
 calls ``append_slots(seq_id, prompt_len)`` for its prefill, then ``append_slots(seq_id, 1)`` per step.
@@ -185,6 +199,9 @@ class KVPolicy:
     shares_blocks = False  # True for policies with fork / copy-on-write (chapter 05, kv/shared.py)
     caches_prefixes = False  # True when allocate(..., token_ids=) can find cached blocks (chapter 07)
     can_fork = False  # True when fork(parent, child) exists: beam search needs it (chapter 05)
+    can_swap = False  # True when detach / attach_swapped exist: preemption by swap (chapter 06)
+    bounded = True  # the pool has a size (False only for chapter 00's UnboundedPolicy)
+    watermark_blocks = 0  # free blocks admission leaves for growth (chapter 04's on_demand sets it)
 
     def __init__(self, num_slots: int, block_size: int, max_model_len: int):
         check_positive_int("block_size", block_size)
@@ -265,8 +282,10 @@ class KVPolicy:
         """True if ``allocate`` would succeed now. ValueError if the request can never fit."""
         return self._fits_now(self._check_never_fits(prompt_len, max_new_tokens, final_len))
 
-    def allocate(self, seq_id, prompt_len: int, max_new_tokens: int, final_len: int | None = None) -> None:
+    def allocate(self, seq_id, prompt_len: int, max_new_tokens: int, final_len: int | None = None,
+                 token_ids=None) -> None:
         """Admit a sequence: reserve what this policy reserves up front. No tokens are written yet.
+        ``token_ids`` (the prompt's) only matter to a prefix cache (chapter 07).
 
         Raises ValueError (bad input, duplicate seq_id, can never fit) or NoFreeMemory (not now).
         """
@@ -280,6 +299,10 @@ class KVPolicy:
         final = final_len if final_len is not None else prompt_len + max_new_tokens
         state = SequenceState(prompt_len, max_new_tokens, final)
         self._seqs[seq_id] = self._place(seq_id, state, slots)
+
+    def cached_prefix_tokens(self, token_ids) -> int:
+        """Tokens of this prompt whose K/V a prefix cache holds already (chapter 07); 0 here."""
+        return 0
 
     def can_append_slots(self, seq_id, n: int = 1) -> bool:
         """True if ``append_slots(seq_id, n)`` would succeed now (a scheduler asks before a step)."""

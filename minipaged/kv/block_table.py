@@ -47,6 +47,7 @@ class BlockTable(SequenceState):
 
 class BlockTablePolicy(KVPolicy):
     name = "block_table"
+    can_swap = True  # detach / attach_swapped: chapter 06's swap space moves a table out and back
     pool_class = BlockPool  # what a policy builds when not handed a pool (chapter 05 counts references)
 
     def __init__(self, num_slots: int, block_size: int = 16, max_model_len: int = 2048,
@@ -147,11 +148,32 @@ class BlockTablePolicy(KVPolicy):
     # ---- swapping (chapter 06: kv/swap.py moves the blocks, the policy only lets go of the books) ----
 
     def detach(self, seq_id) -> BlockTable:
-        """Take the sequence out of the books with its block references still held: the caller now
-        owns them and must release them (``pool.release``) once their K/V is copied elsewhere."""
+        """Take the sequence out of the books and let go of its blocks (last block first), returning
+        its table as it was: the caller copies their K/V out in this step, before anyone writes."""
         table = self._state(seq_id)
         del self._seqs[seq_id]
+        self.pool.release(table.blocks[::-1])
         return table
+
+    def attach_swapped(self, tables: dict) -> dict[int, int]:
+        """Take swapped-out sequences back: ``tables`` {seq_id: table whose blocks are swap-space
+        blocks}. Each distinct swap block gets a fresh device block (one shared by several tables
+        stays shared); returns {swap block: device block}. NoFreeMemory, nothing changed, if the pool
+        has too few free blocks."""
+        from dataclasses import replace
+
+        fresh = self.pool.take(len({b for t in tables.values() for b in t.blocks}))
+        to_device: dict[int, int] = {}
+        for seq_id, table in tables.items():
+            device_blocks = []
+            for block in table.blocks:
+                if block in to_device:
+                    self.pool.share([to_device[block]])
+                else:
+                    to_device[block] = fresh.pop()
+                device_blocks.append(to_device[block])
+            self.attach(seq_id, replace(table, blocks=device_blocks))
+        return to_device
 
     def attach(self, seq_id, table: BlockTable) -> None:
         """Put a sequence back whose table holds references the caller took from this pool."""

@@ -1,6 +1,6 @@
-"""The K/V tensors behind every pooled KV policy (chapters 01-04), and the `attend` that uses them.
+"""The K/V tensors behind every pooled KV policy (chapters 01-10), and the `attend` that uses them.
 
-The bookkeeping policies (contiguous.py ... on_demand.py) only hand out slot numbers. This module
+The bookkeeping policies (contiguous.py ... prefix_cache.py) only hand out slot numbers. This module
 holds the memory those numbers point into, one pair of tensors per layer:
 
     k_cache[layer], v_cache[layer]   [num_blocks, block_size, num_kv_heads, head_dim]
@@ -11,7 +11,8 @@ offset s % block_size. The contiguous arena is the same memory with block_size 1
 Each forward pass gets a `PagedBatch` describing the step: where each new token's K and V go (the
 slot mapping) and, per sequence, its block table, how many tokens it has cached after this step and
 how many of those are new. `attend` writes the new K/V into their slots, then runs paged attention
-through the block tables with the chosen backend ("torch" is the reference; "numba" the kernels).
+through the block tables with the backend the configuration chose (EngineArgs.attention_backend:
+"torch" is the reference, "cpu" and "numba" the kernels).
 
 Swapping (chapter 06) adds a second set of the same tensors in host memory, ``SwapKVCache``, and
 ``copy_blocks(src_cache, dst_cache, pairs)`` to move whole blocks between the two.
@@ -50,7 +51,7 @@ class PagedBatch:
     """One forward pass over several sequences whose K/V live in a PagedKVCache."""
 
     def __init__(self, cache: PagedKVCache, slot_mapping: list[int], block_tables: list[list[int]],
-                 context_lens: list[int], query_lens: list[int], backend: str = "torch"):
+                 context_lens: list[int], query_lens: list[int], backend: str):
         device = cache.k[0].device
         width = max(len(t) for t in block_tables)
         padded = [t + [0] * (width - len(t)) for t in block_tables]  # padding is never read

@@ -75,7 +75,8 @@ class UnboundedPolicy:
     position; PerRequestRunner keeps the K/V itself). Memory is unbounded: every append succeeds.
 
     ``fork(parent, child)`` (beam search) gives the child the parent's tokens; the copy to make,
-    (parent, child), comes out of ``drain_copies`` and PerRequestRunner clones the parent's tensors:
+    (parent, child), comes out of ``drain_copies`` into the step's plan (the scheduler drains it), and
+    PerRequestRunner clones the parent's tensors:
     a private copy of everything, the unshared oracle for chapter 05's shared blocks.
 
     Plain Python, no torch. It has no blocks: block_size is 1 and a block table is empty."""
@@ -84,6 +85,9 @@ class UnboundedPolicy:
     shares_blocks = False
     caches_prefixes = False
     can_fork = True  # every sequence's K/V is private: a fork copies it whole
+    can_swap = False
+    bounded = False  # nothing to outgrow
+    watermark_blocks = 0
     block_size = 1
 
     def __init__(self, max_model_len: int):
@@ -101,7 +105,7 @@ class UnboundedPolicy:
     def can_allocate(self, prompt_len: int, max_new_tokens: int, final_len=None) -> bool:
         return True
 
-    def allocate(self, seq_id, prompt_len: int, max_new_tokens: int, final_len=None) -> None:
+    def allocate(self, seq_id, prompt_len: int, max_new_tokens: int, final_len=None, token_ids=None) -> None:
         if seq_id in self._tokens:
             raise ValueError(f"seq_id={seq_id!r} is already allocated; free it first")
         self._tokens[seq_id] = 0
@@ -131,6 +135,9 @@ class UnboundedPolicy:
 
     def block_table(self, seq_id) -> list[int]:
         return []
+
+    def cached_prefix_tokens(self, token_ids) -> int:
+        return 0
 
     def drain_copies(self) -> list:
         """(parent, child) of every fork since the last call: whole K/V to copy, oldest first."""

@@ -21,7 +21,7 @@ the token ids exactly; only the parent's 64-bit hash could in principle collide.
                                            its logits give the first output token.
     append_slots(seq_id, n)                as before; and a prompt's full blocks enter the cache as soon
                                            as they have their slots (see "promised" below)
-    commit_tokens(seq_id, ids)             the engine reports K/V it has just written; every block that
+    commit_tokens(seq_id, ids)             the scheduler reports K/V just written; every block that
                                            became full with generated tokens enters the cache
     free(seq_id)                           a cached block nobody holds any more is not wiped: it waits
                                            on an LRU list, still findable, and counts as free memory

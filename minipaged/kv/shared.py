@@ -14,9 +14,9 @@ blocks and the processes are sequences:
 Only a partly filled last block is ever written into, so with block size B a fork costs nothing up
 front and at most one block copy per branch later. Full blocks stay shared until every holder is gone.
 
-The policy only keeps the books. The K/V data lives in the engine (kv/paged_cache.py); the engine
-calls ``drain_copies()`` before each forward pass and copies each (src, dst) block in every layer's K
-and V, in order, before any new token's K/V is written. Copies are recorded in the order they must
+The policy only keeps the books. The K/V data lives in the runner (kv/paged_cache.py); the scheduler
+puts ``drain_copies()`` in each step's plan, and the runner copies each (src, dst) block in every
+layer's K and V, in order, before any new token's K/V is written. Copies are recorded in the order they must
 happen; a copy whose destination is freed before it happens is dropped.
 
 Invariants (``check_invariants``, and what the property tests drive at random):
@@ -118,7 +118,7 @@ class SharedPolicy(OnDemandPolicy):
         super().__init__(num_slots, block_size=block_size, max_model_len=max_model_len,
                          watermark=watermark, pool=pool)
         self._copies: list[tuple[int, int]] = []  # (src, dst) block copies the engine has not made yet
-        self.stats = {"forks": 0, "cow_copies": 0}
+        self.stats = {"cow_copies": 0}  # (forks are counted by whoever forks: the scheduler)
 
     def ref_count(self, block: int) -> int:
         return self.pool.ref_count(block)
@@ -150,7 +150,6 @@ class SharedPolicy(OnDemandPolicy):
             num_tokens=parent.num_tokens,
             blocks=list(parent.blocks),
         )
-        self.stats["forks"] += 1
         # exercise 05.2: end
 
     # ---- copy-on-write ----------------------------------------------------------------------

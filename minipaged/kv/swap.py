@@ -7,13 +7,15 @@ are free then) and the request carries on exactly where it stopped. Nothing is r
 is the copying, twice, over the bus between the two memories.
 
 This module keeps only the books, like every policy: which CPU block holds which sequence's logical
-block. It returns the block copies to make, and the engine moves the K/V (kv/paged_cache.py):
+block. It returns the block copies to make, and the runner moves the K/V (kv/paged_cache.py). It
+never touches the device pool: the scheduler takes the tables out of the KV policy and puts them
+back, and hands them over here:
 
     can_swap_out(policy, seq_ids) -> bool       room here for every block the sequences hold?
-    swap_out(policy, seq_ids) -> [(dev, cpu)]   the sequences leave the policy's books and live here
-    blocks_to_resume(seq_ids, appends)          device blocks a swap-in and the next step's tokens take
-    can_swap_in(policy, seq_ids)                room on the device for the blocks alone?
-    swap_in(policy, seq_ids) -> [(cpu, dev)]    back into the policy, in fresh device blocks
+    swap_out(tables) -> [(dev, cpu)]            tables the policy let go of (policy.detach) live here
+    blocks_to_resume(appends)                   device blocks a swap-in and the next step's tokens take
+    tables_of(seq_ids) -> {seq_id: table}       what to hand back to the policy (policy.attach_swapped)
+    swap_in(seq_ids, to_device) -> [(cpu, dev)] forget them once the policy has them back
 
 A request's sequences move together. Blocks that several of them share (parallel samples share the
 prompt, chapter 05) are copied **once** and stay shared on both sides: this pool counts references
@@ -24,8 +26,11 @@ The copies must happen in the engine in this order, before the forward pass writ
 swap-outs (device -> CPU), swap-ins (CPU -> device), then copies on write. A device block freed by a
 swap-out can be handed to someone else in the same step; its old contents leave first.
 
-Works with the block-table policies (block_table, on_demand, shared, prefix_caching), which can
-``detach`` a sequence's table and ``attach`` one back. Not handled: partial swapping (a request moves
+Works with the block-table policies (block_table, on_demand, shared, prefix_caching): they declare
+``can_swap``, let go of a sequence's blocks (``detach``) and take a swapped table back into fresh
+blocks (``attach_swapped``). The scheduler calls this module; it changes the device pool only
+through those two calls. It counts nothing: the scheduler counts the swaps (scheduler/output.py).
+Not handled: partial swapping (a request moves
 whole), swapping to disk; with a prefix cache (chapter 07), a block that other requests still hold
 is copied out and back in anyway, into a block of its own, so that sharing is lost after a swap.
 """
@@ -38,12 +43,17 @@ from minipaged.kv.base import blocks_for
 from minipaged.kv.shared import RefCountedBlockPool
 
 
+def swap_blocks_for(args, policy) -> int:
+    """CPU blocks of the swap space a configuration asks for (0: none), for the scheduler's books and
+    the runner's tensors alike."""
+    return args.swap_tokens // policy.block_size if policy.can_swap else 0
+
+
 class SwapSpace:
     def __init__(self, num_blocks: int, block_size: int):
         self.pool = RefCountedBlockPool(num_blocks)
         self.num_blocks, self.block_size = num_blocks, block_size
         self._tables: dict = {}  # seq_id -> BlockTable whose blocks are CPU block numbers
-        self.stats = {"swap_outs": 0, "swap_ins": 0, "blocks_out": 0, "blocks_in": 0}
 
     def holds(self, seq_id) -> bool:
         return seq_id in self._tables
@@ -62,16 +72,15 @@ class SwapSpace:
     def can_swap_out(self, policy, seq_ids) -> bool:
         return self.blocks_to_swap_out(policy, seq_ids) <= self.pool.num_free
 
-    def swap_out(self, policy, seq_ids) -> list[tuple[int, int]]:
-        """Move the sequences here. Returns the (device block, CPU block) copies to make, one per
-        distinct device block. Raises ValueError (nothing changed) if this pool is too small."""
-        seq_ids = list(seq_ids)
-        if any(self.holds(s) for s in seq_ids):
-            raise ValueError(f"some of seq_ids={seq_ids!r} are swapped out already")
-        needed = self.blocks_to_swap_out(policy, seq_ids)
+    def swap_out(self, tables: dict) -> list[tuple[int, int]]:
+        """Keep these tables ({seq_id: table}, as ``policy.detach`` returned them) here. Returns the
+        (device block, CPU block) copies to make, one per distinct device block. Raises ValueError
+        (nothing changed) if this pool is too small (``can_swap_out`` asks first)."""
+        if any(self.holds(s) for s in tables):
+            raise ValueError(f"some of seq_ids={list(tables)!r} are swapped out already")
+        needed = len({b for t in tables.values() for b in t.blocks})
         if needed > self.pool.num_free:
             raise ValueError(f"swap space has {self.pool.num_free} free blocks; these sequences hold {needed}")
-        tables = {s: policy.detach(s) for s in seq_ids}
         to_cpu: dict[int, int] = {}
         for seq_id, table in tables.items():
             cpu_blocks = []
@@ -81,10 +90,7 @@ class SwapSpace:
                 else:
                     (to_cpu[block],) = self.pool.take(1)
                 cpu_blocks.append(to_cpu[block])
-            policy.pool.release(table.blocks[::-1])  # reusable once its K/V has left; last block first
             self._tables[seq_id] = replace(table, blocks=cpu_blocks)  # whatever else the table records, kept
-        self.stats["swap_outs"] += 1
-        self.stats["blocks_out"] += len(to_cpu)
         return list(to_cpu.items())
 
     def blocks_to_swap_in(self, seq_ids) -> int:
@@ -109,28 +115,18 @@ class SwapSpace:
         return len(blocks) + growth + copies
 
     def can_swap_in(self, policy, seq_ids) -> bool:
-        return self.blocks_to_swap_in(seq_ids) <= policy.pool.num_free
+        return self.blocks_to_swap_in(seq_ids) <= policy.num_free_blocks
 
-    def swap_in(self, policy, seq_ids) -> list[tuple[int, int]]:
-        """Move the sequences back into the policy. Returns the (CPU block, device block) copies.
-        Raises NoFreeMemory (nothing changed) if the device pool has too few free blocks."""
-        seq_ids = list(seq_ids)
-        needed = self.blocks_to_swap_in(seq_ids)
-        fresh = policy.pool.take(needed)  # all or nothing: NoFreeMemory before anything changes
-        to_device: dict[int, int] = {}
+    def tables_of(self, seq_ids) -> dict:
+        """The swapped tables of these sequences ({seq_id: table whose blocks are CPU blocks})."""
+        return {seq_id: self._tables[seq_id] for seq_id in seq_ids}
+
+    def swap_in(self, seq_ids, to_device: dict[int, int]) -> list[tuple[int, int]]:
+        """The policy has taken these sequences back (``policy.attach_swapped`` returned
+        ``to_device``, {CPU block: device block}): forget them here. Returns the (CPU block, device
+        block) copies to make."""
         for seq_id in seq_ids:
-            table = self._tables.pop(seq_id)
-            device_blocks = []
-            for block in table.blocks:
-                if block in to_device:
-                    policy.pool.share([to_device[block]])
-                else:
-                    to_device[block] = fresh.pop()
-                device_blocks.append(to_device[block])
-            self.pool.release(table.blocks)
-            policy.attach(seq_id, replace(table, blocks=device_blocks))
-        self.stats["swap_ins"] += 1
-        self.stats["blocks_in"] += len(to_device)
+            self.pool.release(self._tables.pop(seq_id).blocks)
         return list(to_device.items())
 
     def drop(self, seq_id) -> None:

@@ -9,23 +9,28 @@
                                                 speculative.py (chapter 09) drafts of guessed tokens for the
                                                                decoding sequences, checked by the engine
 
-Both plan one engine step at a time (``schedule() -> StepPlan``, plan.py) over the same KV policy,
-and both preempt by recompute or by swap (kv/swap.py). The engine core (core.py) hands the plan
-to a runner (runner.py: block copies, one forward pass), samples, and tells the scheduler what finished.
-Like the KV policies, the schedulers are plain Python: they can be tested without a model.
+All four own the requests (one ``Request`` each, request.py) and are the only callers of the KV
+policy's mutating methods. Each engine step they are called twice: ``schedule() -> StepPlan``
+(plan.py: who runs, their slots, the block copies to make) and, once the runner has executed the
+plan, ``update_from_output(plan, output, now)`` (output.py: tokens appended, stops, drafts checked,
+beams ranked, blocks freed). All four preempt by recompute or by swap (kv/swap.py). Like the KV
+policies, the schedulers are plain Python: they can be tested without a model.
 """
 
 from minipaged.config import DEFAULT_CHUNKED_BUDGET, PREEMPTION_MODES, SCHEDULERS
 from minipaged.scheduler.chunked import ChunkedPrefillScheduler
 from minipaged.scheduler.continuous import ContinuousScheduler
-from minipaged.scheduler.plan import Group, ScheduledSeq, StepPlan
+from minipaged.scheduler.output import StepResult
+from minipaged.scheduler.plan import ScheduledSeq, StepPlan
+from minipaged.scheduler.request import Request, RequestStatus
 from minipaged.scheduler.speculative import SpeculativeScheduler
 from minipaged.scheduler.static import StaticScheduler
 
 
 def make_scheduler(name: str, policy, enable_chunked_prefill: bool = False, speculative_config=None, **options):
-    """The scheduler of a configuration. The options are checked once, by EngineArgs.validate()
-    (config.py); only the name is checked here, for callers that build a scheduler by hand."""
+    """The scheduler of a configuration. The engine core builds it from a validated EngineArgs
+    (config.py checks how the options combine); a caller that builds one by hand gets the name
+    checked here and each scheduler's own checks."""
     if name not in SCHEDULERS:
         raise ValueError(f"scheduler={name!r} is not known; choose one of {list(SCHEDULERS)}")
     if speculative_config is not None:
@@ -36,5 +41,5 @@ def make_scheduler(name: str, policy, enable_chunked_prefill: bool = False, spec
 
 
 __all__ = ["SCHEDULERS", "PREEMPTION_MODES", "DEFAULT_CHUNKED_BUDGET", "make_scheduler", "ContinuousScheduler",
-           "StaticScheduler", "ChunkedPrefillScheduler", "SpeculativeScheduler", "Group", "ScheduledSeq",
-           "StepPlan"]
+           "StaticScheduler", "ChunkedPrefillScheduler", "SpeculativeScheduler", "Request", "RequestStatus",
+           "ScheduledSeq", "StepPlan", "StepResult"]

@@ -33,29 +33,30 @@ Not handled: several prompts part-way at once, sharing the budget (vLLM's
 
 from __future__ import annotations
 
-from minipaged.config import DEFAULT_CHUNKED_BUDGET
+from minipaged.config import DEFAULT_CHUNKED_BUDGET, EngineArgs
 from minipaged.scheduler.continuous import ContinuousScheduler
-from minipaged.scheduler.plan import Group, ScheduledSeq, StepPlan
+from minipaged.scheduler.plan import ScheduledSeq, StepPlan
+from minipaged.scheduler.request import Request
 
 
 class ChunkedPrefillScheduler(ContinuousScheduler):
-    name = "continuous"
-    chunked_prefill = True
+    name = "chunked"
 
-    def __init__(self, policy, *, max_num_seqs: int = 64, max_num_batched_tokens: int | None = None, **options):
+    def __init__(self, policy, *, max_num_seqs: int = EngineArgs.max_num_seqs,
+                 max_num_batched_tokens: int | None = None, **options):
         budget = DEFAULT_CHUNKED_BUDGET if max_num_batched_tokens is None else max_num_batched_tokens
         assert budget >= max_num_seqs, "EngineArgs.validate() checks that the budget holds every decode"
         super().__init__(policy, max_num_seqs=max_num_seqs, max_num_batched_tokens=budget, **options)
 
-    def _left(self, plan: StepPlan) -> int:
+    def _budget_left(self, plan: StepPlan) -> int:
         return self.max_num_batched_tokens - plan.num_tokens
 
-    def _chunks(self, group: Group, budget: int) -> list[tuple[int, int]]:
-        """(seq_id, tokens to compute now) for the group's sequences that get any: all the uncached
+    def _chunks(self, request: Request, budget: int) -> list[tuple[int, int]]:
+        """(seq_id, tokens to compute now) for the request's sequences that get any: all the uncached
         tokens they have, while ``budget`` lasts."""
         # exercise 08.1: begin
         chunks = []
-        for seq in group.seqs:
+        for seq in request.seqs:
             take = min(seq.num_tokens - self.policy.num_tokens(seq.seq_id), budget)
             if take > 0:
                 chunks.append((seq.seq_id, take))
@@ -63,15 +64,15 @@ class ChunkedPrefillScheduler(ContinuousScheduler):
         return chunks
         # exercise 08.1: end
 
-    def _plan(self, group: Group, plan: StepPlan) -> None:
-        """Slots for the group's next chunk (the caller has checked that it fits)."""
-        seqs = {s.seq_id: s for s in group.seqs}
-        for seq_id, n in self._chunks(group, self._left(plan)):
+    def _plan(self, request: Request, plan: StepPlan) -> None:
+        """Slots for the request's next chunk (the caller has checked that it fits)."""
+        seqs = {s.seq_id: s for s in request.seqs}
+        for seq_id, n in self._chunks(request, self._budget_left(plan)):
             cached = self.policy.num_tokens(seq_id)
             plan.work.append(ScheduledSeq(seqs[seq_id], cached, self.policy.append_slots(seq_id, n)))
 
-    def _decoding(self, group: Group) -> bool:
-        return all(s.num_tokens - self.policy.num_tokens(s.seq_id) == 1 for s in group.seqs)
+    def _decoding(self, request: Request) -> bool:
+        return all(s.num_tokens - self.policy.num_tokens(s.seq_id) == 1 for s in request.seqs)
 
     def _schedule_running(self, plan: StepPlan) -> None:
         # exercise 08.2: begin
@@ -80,23 +81,23 @@ class ChunkedPrefillScheduler(ContinuousScheduler):
         # newest sits at or after i, so it has not been planned yet.
         i = 0
         while i < len(self.running):
-            group = self.running[i]
-            if not self._decoding(group):
+            request = self.running[i]
+            if not self._decoding(request):
                 i += 1
-            elif self.policy.can_append_all(self._appends(group)):
-                super()._plan(group, plan)  # one token each, whatever the budget says
+            elif self.policy.can_append_all(self._appends(request)):
+                super()._plan(request, plan)  # one token each, whatever the budget says
                 i += 1
             else:
                 self._preempt(self.running.pop(), plan)
         # 2. prompts part-way through their prefill, oldest first, with what the budget has left
         i = 0
-        while i < len(self.running) and self._left(plan) > 0:
-            group = self.running[i]
-            chunks = self._chunks(group, self._left(plan))
+        while i < len(self.running) and self._budget_left(plan) > 0:
+            request = self.running[i]
+            chunks = self._chunks(request, self._budget_left(plan))
             if not chunks:  # planned in pass 1
                 i += 1
             elif self.policy.can_append_all(chunks):
-                self._plan(group, plan)
+                self._plan(request, plan)
                 i += 1
             elif plan.work:
                 self._chunk_waits = True  # for memory that the running sequences give back
@@ -106,9 +107,9 @@ class ChunkedPrefillScheduler(ContinuousScheduler):
         # exercise 08.2: end
 
     def _swap_in(self, plan: StepPlan) -> None:
-        if self._left(plan) > 0 and not self._chunk_waits:
+        if self._budget_left(plan) > 0 and not self._chunk_waits:
             super()._swap_in(plan)
 
-    def _over_budget(self, group: Group, plan: StepPlan) -> bool:
+    def _over_budget(self, request: Request, plan: StepPlan) -> bool:
         # any room at all: the prompt starts with a chunk of that size
-        return self._left(plan) <= 0 or self._chunk_waits
+        return self._budget_left(plan) <= 0 or self._chunk_waits

@@ -18,8 +18,8 @@ Preemption, by ``preemption_mode``:
                  admitted again its prompt *and* everything it generated are prefilled as one
                  prompt. Cheap in memory, costs compute. A request of several samples comes back
                  as one request per sample (each re-prefilled on its own, no longer sharing); a
-                 beam search starts over from its prompt (``plan.restarted``; it is deterministic,
-                 so only its cost changes).
+                 beam search starts over from its prompt (it is deterministic, so only its cost
+                 changes).
     "swap"       copy the request's blocks to the CPU swap space (kv/swap.py; shared blocks once)
                  and free them; swap them back in later. Costs two copies, no compute. If the swap
                  space cannot hold the request, it is recomputed instead (``swap_fallbacks``).
@@ -47,16 +47,19 @@ from __future__ import annotations
 import itertools
 from collections import deque
 
-from minipaged.config import PREEMPTION_MODES
+from minipaged.config import PREEMPTION_MODES, EngineArgs
 from minipaged.kv.base import NoFreeMemory
-from minipaged.scheduler.plan import Group, ScheduledSeq, StepPlan
+from minipaged.scheduler.output import OutputMixin
+from minipaged.scheduler.plan import ScheduledSeq, StepPlan
+from minipaged.scheduler.request import Request, RequestStatus
 
 
-class ContinuousScheduler:
+class ContinuousScheduler(OutputMixin):
     name = "continuous"
 
-    def __init__(self, policy, *, max_num_seqs: int = 64, max_num_batched_tokens: int | None = None,
-                 preemption_mode: str = "recompute", swap_space=None, stats: dict | None = None):
+    def __init__(self, policy, *, max_num_seqs: int = EngineArgs.max_num_seqs,
+                 max_num_batched_tokens: int | None = None, preemption_mode: str = EngineArgs.preemption_mode,
+                 swap_space=None, metrics=None):
         if preemption_mode not in PREEMPTION_MODES:
             raise ValueError(f"preemption_mode={preemption_mode!r} is not known; "
                              f"choose one of {list(PREEMPTION_MODES)}")
@@ -65,29 +68,37 @@ class ContinuousScheduler:
         self.policy, self.swap_space = policy, swap_space
         self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
         self.preemption_mode = preemption_mode
-        self.waiting: deque[Group] = deque()
-        self.running: list[Group] = []  # in admission order: the newest is preempted first
-        self.swapped: deque[Group] = deque()
-        self.stats = stats if stats is not None else {}
-        for key in ("preemptions", "preempted_recompute", "preempted_swap", "swap_fallbacks", "refused",
-                    "blocks_swapped_out", "blocks_swapped_in", "forks"):
-            self.stats.setdefault(key, 0)
-        self._group_ids = itertools.count()
-        self._group_of: dict[int, Group] = {}  # seq_id -> its group (live and waiting children too)
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []  # in admission order: the newest is preempted first
+        self.swapped: deque[Request] = deque()
+        self._uids = itertools.count()
+        self.next_seq_id = itertools.count().__next__  # ids for the sequences of requests and beams
+        self._request_of: dict[int, Request] = {}  # seq_id -> the request that runs it (children too)
+        self._init_events(metrics)
 
     # ---- the queues ---------------------------------------------------------------------------
 
-    def add(self, seq, children=(), beam_width: int = 0) -> Group:
-        """Queue a request: one sequence, and the samples to fork from it once its prompt is cached
-        (or, with beam_width, a beam search that starts from this one sequence)."""
-        group = Group(next(self._group_ids), [seq], list(children), beam_width)
-        for s in [seq, *group.children]:
-            self._group_of[s.seq_id] = group
-        self.waiting.append(group)
-        return group
+    def add(self, request: Request) -> Request:
+        """Queue a request: its first sequence, and the samples to fork from it once its prompt is
+        cached (``request.children``), or a beam search that starts from this one sequence."""
+        request.uid = next(self._uids)
+        for s in [*request.seqs, *request.children]:
+            self._request_of[s.seq_id] = request
+        self.waiting.append(request)
+        return request
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running or self.swapped)
+
+    def release_all(self) -> None:
+        """Give back every block still held, on the device and in the swap space (after every request
+        was aborted: what a client that drove the scheduler by hand may have left behind)."""
+        self.policy.drain_copies()
+        for seq_id in reversed(self.policy.seq_ids()):
+            self.policy.free(seq_id)
+        if self.swap_space is not None:
+            for seq_id in self.swap_space.seq_ids():
+                self.swap_space.drop(seq_id)
 
     def num_running_seqs(self) -> int:
         return sum(g.num_seqs for g in self.running)
@@ -95,20 +106,28 @@ class ContinuousScheduler:
     # ---- one step -----------------------------------------------------------------------------
 
     def schedule(self) -> StepPlan:
+        """Plan one step: who runs, the slots of their new tokens, and the block copies to make first."""
         plan = StepPlan()
+        self._plan_step(plan)
+        plan.copies = self.policy.drain_copies()  # every copy on write the step's slots asked for
+        if not plan.work and not (plan.refused or plan.preempted) and self.has_work():  # a bug, not a full pool
+            head = (self.waiting or self.swapped or self.running)[0]
+            raise RuntimeError(f"request {head.request_id} can neither be scheduled nor refused")
+        return plan
+
+    def _plan_step(self, plan: StepPlan) -> None:
         self._schedule_running(plan)
         if not plan.preempted:
             self._swap_in(plan)
         if not plan.preempted and not self.swapped:
             self._admit(plan)
-        return plan
 
-    def _appends(self, group: Group) -> list[tuple[int, int]]:
-        return [(s.seq_id, s.num_tokens - self.policy.num_tokens(s.seq_id)) for s in group.seqs]
+    def _appends(self, request: Request) -> list[tuple[int, int]]:
+        return [(s.seq_id, s.num_tokens - self.policy.num_tokens(s.seq_id)) for s in request.seqs]
 
-    def _plan(self, group: Group, plan: StepPlan) -> None:
-        """Slots for every uncached token of the group (the caller has checked they fit)."""
-        for seq in group.seqs:
+    def _plan(self, request: Request, plan: StepPlan) -> None:
+        """Slots for every uncached token of the request (the caller has checked they fit)."""
+        for seq in request.seqs:
             cached = self.policy.num_tokens(seq.seq_id)
             plan.work.append(ScheduledSeq(seq, cached, self.policy.append_slots(seq.seq_id, seq.num_tokens - cached)))
 
@@ -116,9 +135,9 @@ class ContinuousScheduler:
         # exercise 06.2: begin
         i = 0
         while i < len(self.running):
-            group = self.running[i]
-            if self.policy.can_append_all(self._appends(group)):
-                self._plan(group, plan)
+            request = self.running[i]
+            if self.policy.can_append_all(self._appends(request)):
+                self._plan(request, plan)
                 i += 1
             else:  # the newest goes; it has not been planned yet, since it sits at or after i
                 self._preempt(self.running.pop(), plan)
@@ -127,32 +146,34 @@ class ContinuousScheduler:
     def _swap_in(self, plan: StepPlan) -> None:
         running = self.num_running_seqs()
         while self.swapped:
-            group = self.swapped[0]
-            if self.running and running + group.num_seqs > self.max_num_seqs:
+            request = self.swapped[0]
+            if self.running and running + request.num_seqs > self.max_num_seqs:
                 return
-            ids = [s.seq_id for s in group.seqs]
-            appends = [(s.seq_id, s.num_tokens - self.swap_space.num_tokens(s.seq_id)) for s in group.seqs]
+            ids = [s.seq_id for s in request.seqs]
+            appends = [(s.seq_id, s.num_tokens - self.swap_space.num_tokens(s.seq_id)) for s in request.seqs]
             needed = self.swap_space.blocks_to_resume(appends)
-            if needed + (self._watermark() if self.running else 0) > self.policy.pool.num_free:
-                if not self.running and needed > self.policy.pool.num_free:
-                    # even the pool with nobody else in it is too small for the group's next step (its
+            if needed + (self.policy.watermark_blocks if self.running else 0) > self.policy.num_free_blocks:
+                if not self.running and needed > self.policy.num_free_blocks:
+                    # even the pool with nobody else in it is too small for the request's next step (its
                     # samples grew apart): it comes back by recompute, one request per sample
                     self.swapped.popleft()
                     for seq_id in ids:
                         self.swap_space.drop(seq_id)
-                    self.stats["swap_fallbacks"] += 1
-                    self._requeue(group, plan)
+                    self._count("swap_fallbacks")
+                    self._requeue(request)
                     continue
                 return
             self.swapped.popleft()
-            copies = self.swap_space.swap_in(self.policy, ids)
+            to_device = self.policy.attach_swapped(self.swap_space.tables_of(ids))  # fresh device blocks
+            copies = self.swap_space.swap_in(ids, to_device)
             plan.swap_in += copies
-            self.stats["blocks_swapped_in"] += len(copies)
-            running += group.num_seqs
-            self.running.append(group)
-            self._plan(group, plan)
+            self._count("blocks_swapped_in", len(copies))
+            request.status = RequestStatus.RUNNING
+            running += request.num_seqs
+            self.running.append(request)
+            self._plan(request, plan)
 
-    def _may_admit(self, group: Group) -> bool:
+    def _may_admit(self, request: Request) -> bool:
         """Whether the queue head may start now (static batching says no while a batch runs)."""
         return True
 
@@ -160,53 +181,51 @@ class ContinuousScheduler:
         # exercise 06.3: begin
         running = self.num_running_seqs()
         while self.waiting:
-            group = self.waiting[0]
-            if not self._may_admit(group):
+            request = self.waiting[0]
+            if not self._may_admit(request):
                 return
-            if self.running and running + group.num_seqs > self.max_num_seqs:
+            if self.running and running + request.num_seqs > self.max_num_seqs:
                 return
-            if self._over_budget(group, plan):
+            if self._over_budget(request, plan):
                 return
-            reason = self._never_fits(group)
+            reason = self._never_fits(request)
             if reason is None:
                 try:
-                    admitted = self._allocate(group)
+                    admitted = self._allocate(request)
                 except ValueError as e:  # the policy says it can never fit
                     admitted, reason = False, str(e)
                 if not admitted and reason is None:
-                    if not self.running and len(group.seqs) > 1 and not group.beam_width:
+                    if not self.running and len(request.seqs) > 1 and not request.beam_width:
                         # its samples do not fit side by side even in an empty pool: one request each
                         self.waiting.popleft()
-                        self._requeue(group, plan)
+                        self._requeue(request)
                         continue
                     return  # first come, first served: nobody jumps the queue
             self.waiting.popleft()
             if reason is not None:
-                self._refuse(group, reason, plan)
+                self._refuse(request, reason, plan)
                 continue
-            running += group.num_seqs
-            self.running.append(group)
-            self._plan(group, plan)
+            running += request.num_seqs
+            request.status = RequestStatus.RUNNING
+            self.running.append(request)
+            self._plan(request, plan)
         # exercise 06.3: end
 
-    def _over_budget(self, group: Group, plan: StepPlan) -> bool:
-        """Whether admitting the group whole would take the step past ``max_num_batched_tokens``
+    def _over_budget(self, request: Request, plan: StepPlan) -> bool:
+        """Whether admitting the request whole would take the step past ``max_num_batched_tokens``
         (a step with nothing else in it takes it anyway; chapter 08's scheduler chunks it instead)."""
         budget = self.max_num_batched_tokens
-        return budget is not None and bool(plan.work) and plan.num_tokens + self._tokens_to_compute(group) > budget
+        return budget is not None and bool(plan.work) and plan.num_tokens + self._tokens_to_compute(request) > budget
 
-    def _allocate(self, group: Group) -> bool:
-        """Allocate every sequence of the group, all or nothing. False if there is no room now;
+    def _allocate(self, request: Request) -> bool:
+        """Allocate every sequence of the request, all or nothing. False if there is no room now;
         ValueError (nothing allocated) if the policy says it can never fit."""
         done = []
         try:
-            for seq in group.seqs:
-                if self.policy.caches_prefixes:  # chapter 07: the cached blocks of its tokens count as computed
-                    self.policy.allocate(seq.seq_id, seq.num_tokens, self._remaining(seq), token_ids=seq.all_ids)
-                    if not seq.output_ids:
-                        seq.num_cached_tokens = self.policy.num_tokens(seq.seq_id)
-                else:
-                    self.policy.allocate(seq.seq_id, seq.num_tokens, self._remaining(seq))
+            for seq in request.seqs:  # with a prefix cache (chapter 07) its cached blocks count as computed
+                self.policy.allocate(seq.seq_id, seq.num_tokens, self._remaining(seq), token_ids=seq.all_ids)
+                if not seq.output_ids:
+                    seq.num_cached_tokens = self.policy.num_tokens(seq.seq_id)
                 done.append(seq)
         except (NoFreeMemory, ValueError) as e:
             for seq in done:
@@ -216,154 +235,129 @@ class ContinuousScheduler:
             raise
         return True
 
-    def _tokens_to_compute(self, group: Group) -> int:
-        """New tokens the group's admission adds to the step: its outputs too, if it was preempted, and
+    def _tokens_to_compute(self, request: Request) -> int:
+        """New tokens the request's admission adds to the step: its outputs too, if it was preempted, and
         minus what the prefix cache would serve (chapter 07)."""
-        cached = self.policy.cached_prefix_tokens if self.policy.caches_prefixes else lambda ids: 0
-        return sum(s.num_tokens - cached(s.all_ids) for s in group.seqs)
+        return sum(s.num_tokens - self.policy.cached_prefix_tokens(s.all_ids) for s in request.seqs)
 
     @staticmethod
     def _remaining(seq) -> int:
         return max(seq.max_new_tokens - len(seq.output_ids), 1)
 
-    def _never_fits(self, group: Group) -> str | None:
-        """Why the group could never run even in an empty pool, or None. The policy checks each
+    def _never_fits(self, request: Request) -> str | None:
+        """Why the request could never run even in an empty pool, or None. The policy checks each
         sequence alone (``allocate`` raises ValueError). Samples that outgrow the pool together are
         not refused: preemption by recompute splits them into one request each, and each fits alone.
         A beam search cannot be split, so its worst case must fit whole."""
-        if not group.beam_width or not hasattr(self.policy, "pool"):
+        if not request.beam_width or not self.policy.bounded:
             return None
         from minipaged.beam_search import worst_case_blocks
 
         bs, num_blocks = self.policy.block_size, self.policy.num_blocks
-        seq = group.seqs[0]
-        worst = worst_case_blocks(len(seq.prompt_ids), seq.max_new_tokens, group.beam_width, bs)
+        seq = request.seqs[0]
+        worst = worst_case_blocks(len(seq.prompt_ids), seq.max_new_tokens, request.beam_width, bs)
         if worst <= num_blocks:
             return None
-        return (f"beam search with beam_width={group.beam_width} over a {len(seq.prompt_ids)}-token prompt and "
+        return (f"beam search with beam_width={request.beam_width} over a {len(seq.prompt_ids)}-token prompt and "
                 f"max_tokens={seq.max_new_tokens} may need {worst} blocks; the whole pool has {num_blocks}")
 
-    def _watermark(self) -> int:
-        return getattr(self.policy, "watermark_blocks", 0)
+    # ---- preemption, refusal, abort ------------------------------------------------------------
 
-    # ---- preemption, refusal, forks, finishing --------------------------------------------------
-
-    def _preempt(self, group: Group, plan: StepPlan) -> None:
+    def _preempt(self, request: Request, plan: StepPlan) -> None:
         plan.preempted += 1
-        self.stats["preemptions"] += 1
-        ids = [s.seq_id for s in group.seqs]
+        self._count("preemptions")
+        ids = [s.seq_id for s in request.seqs]
         cached = sum(self.policy.num_tokens(i) for i in ids)
         if self.preemption_mode == "swap" and cached:
-            if self.swap_space.can_swap_out(self.policy, ids):
-                copies = self.swap_space.swap_out(self.policy, ids)
+            if self.swap_space.can_swap_out(self.policy, ids):  # the policy lets go of the blocks, the swap
+                copies = self.swap_space.swap_out({i: self.policy.detach(i) for i in ids})  # space keeps them
                 plan.swap_out += copies
-                self.stats["blocks_swapped_out"] += len(copies)
-                self.stats["preempted_swap"] += 1
-                self._queue_swapped(group)
+                self._count("blocks_swapped_out", len(copies))
+                self._count("preempted_swap")
+                request.status = RequestStatus.SWAPPED
+                self._queue_swapped(request)
                 return
-            self.stats["swap_fallbacks"] += 1
-        self.stats["preempted_recompute"] += 1
+            self._count("swap_fallbacks")
+        self._count("preempted_recompute")
         for seq_id in ids:
             self.policy.free(seq_id)
-        self._requeue(group, plan)
+        self._requeue(request)
 
-    def _requeue(self, group: Group, plan: StepPlan) -> None:
+    def _requeue(self, request: Request) -> None:
         """Put a request that holds no blocks back at the head of the queue, to be prefilled again.
-        Several samples come back as one request each, unshared, in the group's order; a beam search
-        starts over from its prompt (``plan.restarted``: the core resets it)."""
+        Several samples come back as one request each (``Request.split``), unshared, in the request's
+        order; a beam search starts over from its prompt (``_restart_beams``)."""
         # exercise 06.1: begin
-        if group.beam_width:
-            plan.restarted.append(group)
-            self.waiting.appendleft(group)
+        request.status = RequestStatus.WAITING
+        if request.beam is not None:
+            self._restart_beams(request)
+            self.waiting.appendleft(request)
             return
-        for seq in reversed(group.seqs[1:]):
-            alone = Group(next(self._group_ids), [seq])
-            self._group_of[seq.seq_id] = alone
-            self._on_split(group, alone)
-            self.waiting.appendleft(alone)
-        group.seqs = group.seqs[:1]
-        self.waiting.appendleft(group)
+        for seq in reversed(request.seqs[1:]):
+            part = request.split(seq, next(self._uids))
+            self._request_of[seq.seq_id] = part
+            self._on_split(request, part)
+            self.waiting.appendleft(part)
+        self.waiting.appendleft(request)
         # exercise 06.1: end
 
-    def _queue_swapped(self, group: Group) -> None:
+    def _restart_beams(self, request: Request) -> None:
+        """A beam search preempted by recompute starts over from its prompt, as one sequence: its
+        beams, prefilled again one by one, could need more memory than the search that shared them
+        (the search is deterministic, so only its cost changes)."""
+        for old in request.seqs:
+            del self._request_of[old.seq_id]
+        seq = request.seqs[0].restart(self.next_seq_id())
+        request.seqs = [seq]
+        self._request_of[seq.seq_id] = request
+        request.beam.restart(seq)
+
+    def _queue_swapped(self, request: Request) -> None:
         """Swapped requests come back oldest first, and the newest is preempted first: so each new
         victim goes to the front (it was admitted after everyone already swapped out)."""
-        self.swapped.appendleft(group)
+        self.swapped.appendleft(request)
 
-    def _on_split(self, group: Group, part: Group) -> None:
+    def _on_split(self, request: Request, part: Request) -> None:
         """A recomputed request of several samples became one request per sample (static batching
         keeps the parts in its batch)."""
 
-    def _refuse(self, group: Group, reason: str, plan: StepPlan) -> None:
-        for seq in [*group.seqs, *group.children]:
-            seq.finish_reason, seq.stop_reason = "abort", f"refused: {reason}"
-            plan.refused.append(seq)
-            self._group_of.pop(seq.seq_id, None)
-        self.stats["refused"] += group.num_seqs
-        group.seqs, group.children = [], []
-        self._on_done(group)
+    def _refuse(self, request: Request, reason: str, plan: StepPlan) -> None:
+        """The request can never fit: it leaves with the reason, holding nothing."""
+        from minipaged.beam_search import BeamSearchOutput
 
-    def abort(self, seq_ids) -> None:
-        """Drop the requests these sequences belong to, wherever they are (waiting, running, swapped
-        out), with every block they hold on the device or in the swap space."""
-        groups = {id(g): g for g in (self._group_of.get(i) for i in seq_ids) if g is not None}
+        for seq in [*request.seqs, *request.children]:
+            seq.finish_reason = "abort"
+            del self._request_of[seq.seq_id]
+            request.root.done.add(seq.seq_id)
+        request.seqs, request.children = [], []
+        request.status, request.refusal_reason = RequestStatus.REFUSED, reason
+        if request.beam is not None:
+            request.beam.output = BeamSearchOutput([], refused=reason)
+        self._count("refused")
+        self._leave(request, RequestStatus.REFUSED)
+        plan.refused.append(request.root)
+
+    def abort(self, request: Request, now: float) -> None:
+        """Drop the request wherever it is (waiting, running, swapped out; all its parts), with every
+        block it holds on the device or in the swap space."""
         held = set(self.policy.seq_ids())
         swapped = set(self.swap_space.seq_ids()) if self.swap_space is not None else set()
-        for group in groups.values():
-            for queue in (self.waiting, self.running, self.swapped):
-                if any(g is group for g in queue):
-                    queue.remove(group)
-            for seq in group.seqs:
-                if seq.seq_id in held:
-                    self.policy.free(seq.seq_id)
-                if seq.seq_id in swapped:
-                    self.swap_space.drop(seq.seq_id)
-            for seq in [*group.seqs, *group.children]:
-                self._group_of.pop(seq.seq_id, None)
-            group.seqs, group.children = [], []
-            self._on_done(group)
+        for queue in (self.waiting, self.running, self.swapped):
+            for unit in [r for r in queue if r.root is request]:
+                queue.remove(unit)
+                for seq in unit.seqs:
+                    if seq.seq_id in held:
+                        self.policy.free(seq.seq_id)
+                    if seq.seq_id in swapped:
+                        self.swap_space.drop(seq.seq_id)
+                for seq in [*unit.seqs, *unit.children]:
+                    del self._request_of[seq.seq_id]
+                unit.seqs, unit.children, unit.status = [], [], RequestStatus.ABORTED
+                self._on_done(unit)
+        for seq in request.samples:
+            if not seq.finished:
+                seq.finish_reason, seq.stop_reason, seq.finished_time = "abort", None, now
+        request.status, request.finished_time = RequestStatus.ABORTED, now
 
-    def fork_seq(self, parent, child) -> None:
-        """A beam branches: child starts with parent's blocks (shared, nothing copied) in its group."""
-        group = self._group_of[parent.seq_id]
-        self.policy.fork(parent.seq_id, child.seq_id)
-        group.seqs.append(child)
-        self._group_of[child.seq_id] = group
-        self.stats["forks"] += 1
-
-    def restart(self, group: Group, seq) -> None:
-        """A preempted beam search starts over: its only sequence is now ``seq`` (its prompt)."""
-        for old in group.seqs:
-            self._group_of.pop(old.seq_id, None)
-        group.seqs = [seq]
-        self._group_of[seq.seq_id] = group
-
-    def drop_seq(self, seq) -> None:
-        """A beam is pruned: its blocks go back (shared ones lose a holder); its group goes on."""
-        group = self._group_of.pop(seq.seq_id)
-        self.policy.free(seq.seq_id)
-        group.seqs.remove(seq)
-
-    def fork_children(self, seq) -> list:
-        """The samples waiting to fork from seq, forked now that its prompt is cached (sharing policies)."""
-        group = self._group_of[seq.seq_id]
-        if not group.children or group.seqs[0] is not seq:
-            return []
-        children, group.children = group.children, []
-        for child in children:
-            self.policy.fork(seq.seq_id, child.seq_id)
-            group.seqs.append(child)
-        self.stats["forks"] += len(children)
-        return children
-
-    def finish(self, seq) -> None:
-        """seq is done: its blocks go back, and its request leaves once all its samples are done."""
-        self.policy.free(seq.seq_id)
-        group = self._group_of.pop(seq.seq_id)
-        group.seqs.remove(seq)
-        if group.done:
-            self.running.remove(group)
-            self._on_done(group)
-
-    def _on_done(self, group: Group) -> None:
-        """Hook: the request has left (finished or refused)."""
+    def _on_done(self, request: Request) -> None:
+        """Hook: the request has left (finished, refused or aborted)."""

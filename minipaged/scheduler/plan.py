@@ -1,25 +1,19 @@
-"""What a scheduler works with: requests (``Group``) and the plan of one engine step (``StepPlan``).
+"""The plan of one engine step (``StepPlan``): what the scheduler decided, for the runner to execute.
 
-A ``Group`` is one request's sequences. They are admitted, preempted, swapped and finished as a unit,
-because under copy-on-write (chapter 05) they share blocks: swapping out one sample of four would
-copy the shared prompt blocks anyway, and recomputing one would have to prefill the prompt again.
-The parallel samples that are to be forked from the first sequence once its prompt is cached wait
-in ``children``. A beam search's group (``beam_width`` > 0) gains and loses sequences as its beams
-branch and are pruned (``fork_seq``, ``drop_seq`` in continuous.py), and is never split.
-
-A ``StepPlan`` is everything the engine must do in one step, in order:
+A ``StepPlan`` is everything the runner must do in one step, in order:
 
     1. the block copies for swapping: device -> CPU (``swap_out``), then CPU -> device (``swap_in``);
-    2. one forward pass over ``work``: for each scheduled sequence, the next tokens of it that have
+    2. the copies on write the step's slots asked for (``copies``, chapter 05: (src, dst) blocks; with
+       chapter 00's private tensors, (parent, child) sequences whose K/V a fork duplicates);
+    3. one forward pass over ``work``: for each scheduled sequence, the next tokens of it that have
        no K/V yet (``seq.all_ids[cached:cached + num_own]``: all of them, unless chapter 08's
        scheduler cut a prompt into chunks), then its ``draft`` if chapter 09 guessed one, and the
-       slots their K/V goes to;
-    3. sampling one token for each sequence whose tokens are now all computed (``completes``), or,
-       with a draft, checking the guesses and keeping the ones the model agrees with.
+       slots their K/V goes to.
 
-``refused`` are the requests that were dropped this step because they could never fit;
-``restarted`` the beam searches preempted by recompute, which start over from their prompt (their
-beams, prefilled again one by one, could need more memory than the search that shared them).
+The runner returns the logits rows; the scheduler applies them (``update_from_output``): it samples
+one token for each sequence whose tokens are now all computed (``completes``), checks a draft's
+guesses, or ranks a beam search's candidates. ``refused`` are the requests dropped this step because
+they could never fit (scheduler/request.py says why, in ``refusal_reason``).
 """
 
 from __future__ import annotations
@@ -27,23 +21,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from minipaged.sequence import Sequence
-
-
-@dataclass
-class Group:
-    group_id: int
-    seqs: list[Sequence]  # the live sequences (unfinished, and forked if they were children)
-    children: list[Sequence] = field(default_factory=list)  # samples to fork from seqs[0] after its prefill
-    beam_width: int = 0  # a beam search (beam_search.py): its beams grow to this many, and stay together
-
-    @property
-    def num_seqs(self) -> int:
-        """Sequences the group runs, or will run: a beam search counts its full width."""
-        return max(len(self.seqs) + len(self.children), self.beam_width)
-
-    @property
-    def done(self) -> bool:
-        return not self.seqs and not self.children
 
 
 @dataclass
@@ -84,9 +61,9 @@ class StepPlan:
     work: list[ScheduledSeq] = field(default_factory=list)
     swap_out: list[tuple[int, int]] = field(default_factory=list)  # (device block, CPU block)
     swap_in: list[tuple[int, int]] = field(default_factory=list)  # (CPU block, device block)
-    refused: list[Sequence] = field(default_factory=list)
+    copies: list[tuple[int, int]] = field(default_factory=list)  # copies on write, made after the swaps
+    refused: list = field(default_factory=list)  # Requests that could never fit: dropped this step
     preempted: int = 0  # requests preempted while planning this step
-    restarted: list[Group] = field(default_factory=list)  # beam searches preempted by recompute: start over
 
     @property
     def num_tokens(self) -> int:

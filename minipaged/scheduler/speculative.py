@@ -6,7 +6,8 @@ step, this one goes back over the sequences that are decoding and, for each, ask
 (spec/ngram.py) for up to ``num_speculative_tokens`` guesses of what comes next. The guesses get
 slots right after the sequence's own token, so the forward pass computes them in the same step,
 each attending to the tokens before it, exactly as if they had been generated already. The engine
-then checks them (spec/verify.py) and gives back the slots of the wrong ones (``policy.truncate``).
+checks them when it applies the step's output (scheduler/output.py,
+spec/verify.py) and gives back the slots of the wrong ones (``policy.truncate``).
 
 Drafts take memory last, after every decode and admission of the step has its slots, so a guess
 never makes anyone wait or be preempted in the step it is planned in (an accepted guess keeps its
@@ -30,7 +31,7 @@ from minipaged.spec.ngram import propose_ngram
 
 
 class SpeculativeScheduler(ContinuousScheduler):
-    name = "continuous"
+    name = "speculative"
 
     def __init__(self, policy, *, speculative_config, proposer=None, **options):
         super().__init__(policy, **options)
@@ -38,11 +39,9 @@ class SpeculativeScheduler(ContinuousScheduler):
         # proposer(seq, k) -> up to k guesses; prompt lookup unless a test brings its own
         self.proposer = proposer or (lambda seq, k: propose_ngram(seq.all_ids, k, speculative_config.prompt_lookup_max,
                                                                    speculative_config.prompt_lookup_min))
-        for key in ("spec_seq_steps", "spec_draft_tokens"):
-            self.stats.setdefault(key, 0)
 
-    def schedule(self) -> StepPlan:
-        plan = super().schedule()
+    def _plan_step(self, plan: StepPlan) -> None:
+        super()._plan_step(plan)
         for work in plan.work:
             draft = self._draft(work)
             if self.max_num_batched_tokens is not None:  # the guesses count against the step's budget
@@ -50,14 +49,13 @@ class SpeculativeScheduler(ContinuousScheduler):
             if draft:
                 work.slots += self.policy.append_slots(work.seq.seq_id, len(draft))
                 work.draft = draft
-                self.stats["spec_seq_steps"] += 1
-                self.stats["spec_draft_tokens"] += len(draft)
-        return plan
+                self._count("spec_seq_steps")
+                self._count("spec_draft_tokens", len(draft))
 
     def _draft(self, work: ScheduledSeq) -> list[int]:
         seq = work.seq
-        group = self._group_of[seq.seq_id]
-        if work.is_prefill or group.num_seqs != 1 or group.beam_width:  # beams are ranked, not verified
+        request = self._request_of[seq.seq_id]
+        if work.is_prefill or request.num_seqs != 1 or request.beam is not None:  # beams are ranked, not verified
             return []
         room = seq.max_new_tokens - len(seq.output_ids) - 1  # tokens it may emit after this step's own
         k = min(self.spec.num_speculative_tokens, room)

@@ -16,7 +16,7 @@ Not handled: padding (finished sequences here simply stop computing and free the
 from __future__ import annotations
 
 from minipaged.scheduler.continuous import ContinuousScheduler
-from minipaged.scheduler.plan import Group
+from minipaged.scheduler.request import Request
 
 
 class StaticScheduler(ContinuousScheduler):
@@ -24,32 +24,31 @@ class StaticScheduler(ContinuousScheduler):
 
     def __init__(self, policy, **options):
         super().__init__(policy, **options)
-        self._batch: set[int] = set()  # group ids of the batch in flight; empty: a new one may form
+        self._batch: set[int] = set()  # request ids of the batch in flight; empty: a new one may form
         self._forming = False
-        self.stats.setdefault("batches", 0)
 
     def schedule(self):
         self._forming = not self._batch  # a new batch forms only when the last one is over
         if self._forming:
-            self.stats["batches"] += 1 if self.waiting else 0
+            self._count("batches", 1 if self.waiting else 0)
         return super().schedule()
 
-    def _may_admit(self, group: Group) -> bool:
+    def _may_admit(self, request: Request) -> bool:
         if self._forming:
-            self._batch.add(group.group_id)
+            self._batch.add(request.uid)
             return True
-        return group.group_id in self._batch  # a preempted member of the batch in flight
+        return request.uid in self._batch  # a preempted member of the batch in flight
 
     def _admit(self, plan) -> None:
         super()._admit(plan)
         if self._forming:  # the head that was tried but not admitted is not in the batch
-            live = {g.group_id for g in self.running}
+            live = {g.uid for g in self.running}
             self._batch &= live
             self._forming = False
 
-    def _on_split(self, group: Group, part: Group) -> None:
-        if group.group_id in self._batch:
-            self._batch.add(part.group_id)
+    def _on_split(self, request: Request, part: Request) -> None:
+        if request.uid in self._batch:
+            self._batch.add(part.uid)
 
-    def _on_done(self, group: Group) -> None:
-        self._batch.discard(group.group_id)
+    def _on_done(self, request: Request) -> None:
+        self._batch.discard(request.uid)

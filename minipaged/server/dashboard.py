@@ -35,13 +35,12 @@ def pool_state(llm_engine, usage_history=()) -> dict:
     policy, scheduler, args = core.policy, core.scheduler, llm_engine.args
     request_of = {}
     for request_id, request in core.requests.items():
-        seqs = request.beam.seqs if request.beam is not None else request.seqs
-        for seq in seqs:
+        for seq in [*request.samples, *request.seqs]:  # the samples, and a beam search's live beams
             request_of[seq.seq_id] = request_id
     state = {"time": time.time(), "kv_policy": args.kv_policy, "scheduler": args.scheduler,
              "kv_cache_usage": core.kv_cache_usage(), "usage_history": [list(p) for p in usage_history],
-             "queues": {name: _queue(getattr(scheduler, name, ()), request_of)
-                        for name in ("waiting", "running", "swapped")}}
+             "queues": {"waiting": _queue(scheduler.waiting), "running": _queue(scheduler.running),
+                        "swapped": _queue(scheduler.swapped)}}
     if not args.pooled:  # chapter 00: private tensors, no pool to draw
         state.update(num_blocks=0, block_size=0, blocks=[], requests=[])
         return state
@@ -81,11 +80,10 @@ def pool_state(llm_engine, usage_history=()) -> dict:
     return state
 
 
-def _queue(groups, request_of) -> list[str]:
+def _queue(requests) -> list[str]:
+    """The ids of the requests in one of the scheduler's queues (a request split in parts once)."""
     ids = []
-    for group in groups:
-        for seq in list(group.seqs) + list(getattr(group, "children", [])):
-            request_id = request_of.get(seq.seq_id)
-            if request_id is not None and request_id not in ids:
-                ids.append(request_id)
+    for request in requests:
+        if request.request_id not in ids:
+            ids.append(request.request_id)
     return ids

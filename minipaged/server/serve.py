@@ -81,7 +81,7 @@ def engine_args(args):
     options = {f.name: getattr(args, f.name) for f in dataclasses.fields(EngineArgs)
                if not f.name.startswith("_") and f.name not in ("model", "progress")}
     options["progress"] = False
-    return AsyncEngineArgs(model=args.model, **options).validate()
+    return AsyncEngineArgs(model=args.model, **options)  # LLMEngine validates it, once
 
 
 def main(args) -> int:

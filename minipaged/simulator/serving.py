@@ -29,6 +29,7 @@ from minipaged.config import EngineArgs
 from minipaged.core import EngineCore
 from minipaged.runner import SyntheticRunner
 from minipaged.sampling_params import SamplingParams
+from minipaged.scheduler import RequestStatus
 
 
 @dataclass
@@ -79,7 +80,7 @@ def simulate_serving(scheduler: str, policy, requests, *, max_num_seqs: int = 25
                       max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                       preemption_mode=preemption_mode, swap_space_tokens=swap_blocks * policy.block_size,
                       enable_chunked_prefill=enable_chunked_prefill).validate()
-    core = EngineCore(args, policy, SyntheticRunner(policy), None, None, policy.max_model_len)
+    core = EngineCore(args, policy, SyntheticRunner(), None, None, policy.max_model_len)
     run = ServingRun(scheduler, policy.label, stats=core.stats)
     for r in requests:
         prompt = list(r.prompt_ids) if r.prompt_ids is not None else [1] * r.prompt_len
@@ -101,9 +102,9 @@ def simulate_serving(scheduler: str, policy, requests, *, max_num_seqs: int = 25
                 run.kv_held.append(record["kv_occupied"])
             for request_id in changed:
                 request, rid = core.requests[request_id], int(request_id)
-                if any(str(s.stop_reason).startswith("refused") for s in request.seqs):
-                    run.refused += [rid] * sum(str(s.stop_reason).startswith("refused") for s in request.seqs)
-                elif any(s.output_ids for s in request.seqs):
+                if request.status is RequestStatus.REFUSED:  # each sample it could not serve
+                    run.refused += [rid] * sum(s.finish_reason == "abort" for s in request.samples)
+                elif any(s.output_ids for s in request.samples):
                     run.first_token_step.setdefault(rid, run.steps)
                 if request.finished:
                     if rid not in run.refused:

@@ -44,6 +44,7 @@ from dataclasses import dataclass
 
 from minipaged.kv.shared import SharedPolicy
 from minipaged.sampling_params import BeamSearchParams
+from minipaged.scheduler import RequestStatus
 from minipaged.simulator.workloads import Request
 
 MODES = ("parallel", "beam")
@@ -157,16 +158,16 @@ def simulate_parallel(policy: SharedPolicy, requests: list[Request], n: int, see
     def token_of(seq) -> int:
         return EOS if len(seq.output_ids) + 1 >= target[seq.seq_id] else 7
 
-    core = _core(policy, SyntheticRunner(policy, token_of=token_of), eos_token_id=EOS)
+    core = _core(policy, SyntheticRunner(token_of=token_of), eos_token_id=EOS)
     for r, finals in zip(requests, _sample_lengths(requests, n, policy.max_model_len, seed)):
         params = SamplingParams(n=n, max_tokens=max(finals) - r.prompt_len)
         request = core.add_request(str(r.request_id), [1] * r.prompt_len, params)
-        for seq, final in zip(request.seqs, finals):
+        for seq, final in zip(request.samples, finals):
             target[seq.seq_id] = final - r.prompt_len
     _run(core, result)
-    reasons = [s.stop_reason for req in core.requests.values() for s in req.seqs]
-    result.refused = sum(str(r).startswith("refused") for r in reasons)
-    result.finished = len(reasons) - result.refused
+    samples = [(req, s) for req in core.requests.values() for s in req.samples]
+    result.refused = sum(req.status is RequestStatus.REFUSED and s.finish_reason == "abort" for req, s in samples)
+    result.finished = len(samples) - result.refused
     return result
 
 
@@ -197,7 +198,7 @@ def simulate_beam(policy: SharedPolicy, requests: list[Request], width: int, see
     if 2 * width > 63:
         raise ValueError(f"width={width} is too large for the synthetic model (at most 31)")
     result = SharingResult("beam", width, len(requests), policy.block_size)
-    core = _core(policy, SyntheticRunner(policy, candidates_of=synthetic_candidates(seed)))
+    core = _core(policy, SyntheticRunner(candidates_of=synthetic_candidates(seed)))
     params = BeamSearchParams(beam_width=width, max_tokens=policy.max_model_len)
     for r in requests:
         core.add_beam_request(str(r.request_id), [0] * r.prompt_len, params, max_tokens=r.output_len)

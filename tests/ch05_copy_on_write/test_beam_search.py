@@ -25,7 +25,7 @@ from minipaged.config import EngineArgs
 from minipaged.core import EngineCore
 from minipaged.kv import SharedPolicy
 from minipaged.metrics import find
-from minipaged.runner import SyntheticRunner
+from minipaged.runner import StepOutput, SyntheticRunner
 
 TOY_VOCAB, TOY_EOS = 9, 0
 
@@ -63,21 +63,22 @@ class ToyRunner(SyntheticRunner):
     on write are made."""
 
     def __init__(self, policy):
-        super().__init__(policy)
+        super().__init__()
+        self.policy = policy  # read only: its block tables
         self.memory = {}
 
     def execute(self, plan):
         bs = self.policy.block_size
-        for src, dst in self.policy.drain_copies():
+        for src, dst in plan.copies:
             for offset in range(bs):
                 self.memory[dst * bs + offset] = self.memory.get(src * bs + offset)
         for work in plan.work:
             for slot in work.slots:
                 assert self.policy.ref_count(slot // bs) == 1, "a write into a shared block"
             self.memory.update(zip(work.slots, work.tokens))
-            self.policy.commit_tokens(work.seq.seq_id, work.tokens)
         self.policy.check_invariants()
-        return [[[self.memory[s] for s in self.policy.token_slots(work.seq.seq_id)]] for work in plan.work]
+        rows = [[[self.memory[s] for s in self.policy.token_slots(work.seq.seq_id)]] for work in plan.work]
+        return StepOutput(rows, self.append_token, self.beam_candidates)
 
     def beam_candidates(self, rows, width, temperature):
         return [toy_logprobs(history)[:2 * width] for history in rows]

@@ -37,7 +37,8 @@ from minipaged import LLM, SamplingParams
 from minipaged.config import EngineArgs
 from minipaged.core import EngineCore
 from minipaged.kv import make_policy
-from minipaged.runner import SyntheticRunner
+from minipaged.runner import StepOutput, SyntheticRunner
+from minipaged.scheduler import RequestStatus
 
 POLICIES = ["on_demand", "shared", "prefix_caching", "block_table"]
 BLOCK_SIZES = [1, 2, 4, 8, 16]
@@ -103,7 +104,8 @@ class KVTrackingRunner(SyntheticRunner):
     made, or a block handed to two sequences, shows up here."""
 
     def __init__(self, policy, **options):
-        super().__init__(policy, **options)
+        super().__init__(**options)
+        self.policy = policy  # read only: the block tables, to check what each sequence reads back
         self.device: dict[int, int] = {}
         self.host: dict[int, int] = {}
 
@@ -113,15 +115,11 @@ class KVTrackingRunner(SyntheticRunner):
             for off in range(bs):
                 dst[b * bs + off] = src.get(a * bs + off)
 
-    def swap_blocks(self, swap_out, swap_in) -> None:
-        self._copy(self.device, self.host, swap_out)
-        self._copy(self.host, self.device, swap_in)
-
-    def execute(self, plan) -> list[list]:
-        self.swap_blocks(plan.swap_out, plan.swap_in)
-        copies = self.policy.drain_copies()
-        self.num_copies += len(copies)
-        self._copy(self.device, self.device, copies)
+    def execute(self, plan):
+        self._copy(self.device, self.host, plan.swap_out)
+        self._copy(self.host, self.device, plan.swap_in)
+        self.num_copies += len(plan.copies)
+        self._copy(self.device, self.device, plan.copies)
         for work in plan.work:
             marks = prefix_marks(work.seq.all_ids[:work.cached + work.num_own])
             for i, slot in enumerate(work.slots[:work.num_own]):
@@ -134,9 +132,9 @@ class KVTrackingRunner(SyntheticRunner):
             assert len(read) == len(want) and not bad, (
                 f"seq {seq.seq_id} (request sample {seq.index}) reads back wrong K/V at positions {bad[:8]} of "
                 f"{len(want)} (its step computes {work.cached}..{work.cached + work.num_own})")
-            self.policy.commit_tokens(seq.seq_id, work.tokens[:work.num_own])
         self.last_num_tokens = plan.num_tokens
-        return [[None] * (1 + len(work.draft)) for work in plan.work]
+        return StepOutput([[None] * (1 + len(work.draft)) for work in plan.work], self.append_token,
+                          self.beam_candidates)
 
 
 def build_core(args: EngineArgs, max_model_len: int) -> EngineCore:
@@ -199,12 +197,12 @@ def check_synthetic(args: EngineArgs, max_model_len: int, requests) -> dict:
     for i, (prompt, max_tokens, n, ignore_eos, _) in enumerate(requests):
         request = core.requests[str(i)]
         assert request.finished, f"request {i} did not finish"
-        assert len(request.seqs) == n
+        assert len(request.samples) == n
         max_new = min(max_tokens, max_model_len - len(prompt))
         refuse = never_fits_alone(args, max_model_len, len(prompt), max_new)
-        for seq in request.seqs:
+        for seq in request.samples:
             if refuse:
-                assert seq.finish_reason == "abort" and str(seq.stop_reason).startswith("refused"), (
+                assert seq.finish_reason == "abort" and request.status is RequestStatus.REFUSED, (
                     f"request {i} sample {seq.index} can never fit alone, yet ended {seq.finish_reason!r} "
                     f"({seq.stop_reason!r})")
                 assert not seq.output_ids

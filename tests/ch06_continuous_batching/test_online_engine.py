@@ -91,7 +91,7 @@ def test_abort_wherever_the_request_is(where):
             break
     assert queue, f"no request reached {where}: the test proves nothing"
     group = queue[-1]
-    request_id = e.core._request_of[group.seqs[0].seq_id].request_id
+    request_id = group.request_id
     e.abort_request(request_id)
     assert all(not any(g is group for g in q) for q in (e.scheduler.waiting, e.scheduler.running,
                                                         e.scheduler.swapped))

@@ -10,6 +10,7 @@ from minipaged.kv import make_policy
 from minipaged.kv.swap import SwapSpace
 from minipaged.sampling_params import SamplingParams
 from minipaged.scheduler import ContinuousScheduler, StaticScheduler, make_scheduler
+from minipaged.scheduler import Request as EngineRequest
 from minipaged.sequence import Sequence
 from minipaged.simulator.serving import simulate_serving
 from minipaged.simulator.workloads import Request, make_workload
@@ -114,7 +115,7 @@ def test_samples_that_could_outgrow_the_pool_together_are_admitted():
     sched = ContinuousScheduler(policy)
     parent = Sequence(0, [1] * 40, SamplingParams(n=3, max_tokens=30), eos_token_id=-1, max_model_len=128)
     children = [Sequence(i, [1] * 40, parent.params, eos_token_id=-1, max_model_len=128, index=i) for i in (1, 2)]
-    sched.add(parent, children)
+    sched.add(EngineRequest.of(parent, children))
     plan = sched.schedule()
     assert not plan.refused and [w.seq.seq_id for w in plan.work] == [0]
 
@@ -125,8 +126,8 @@ def test_samples_that_do_not_fit_side_by_side_in_an_empty_pool_are_split():
     policy = make_policy("on_demand", num_slots=96, block_size=4, max_model_len=128)
     sched = ContinuousScheduler(policy)
     params = SamplingParams(n=3, max_tokens=8)
-    for i in range(3):
-        sched.add(Sequence(i, [1] * 40, params, eos_token_id=-1, max_model_len=128, index=i))
+    samples = [Sequence(i, [1] * 40, params, eos_token_id=-1, max_model_len=128, index=i) for i in range(3)]
+    sched.add(EngineRequest("r", samples[0].prompt_ids, params, samples, seqs=list(samples)))  # side by side
     plan = sched.schedule()
     assert not plan.refused and [w.seq.seq_id for w in plan.work] == [0, 1]  # two fit now, the third waits
     assert [g.num_seqs for g in sched.waiting] == [1]
@@ -142,13 +143,13 @@ def test_swap_out_and_in_keep_the_sharing():
     policy.drain_copies()
     before = {s: (policy.num_tokens(s), policy.block_table(s)) for s in "abc"}
     swap = SwapSpace(16, 4)
-    out = swap.swap_out(policy, ["a", "b", "c"])
+    out = swap.swap_out({s: policy.detach(s) for s in ["a", "b", "c"]})
     assert len(out) == 4  # blocks 0, 1 (shared by all), a/c's block 2, b's copy: each moved once
     assert policy.num_free_blocks == policy.num_blocks and not policy.seq_ids()
     swap.check_invariants()
     policy.allocate("x", 20, 1)  # someone else takes device blocks meanwhile
     policy.append_slots("x", 20)
-    back = dict(swap.swap_in(policy, ["a", "b", "c"]))
+    back = dict(swap.swap_in(["a", "b", "c"], policy.attach_swapped(swap.tables_of(["a", "b", "c"]))))
     policy.check_invariants()
     swap.check_invariants()
     assert swap.pool.num_free == 16 and sorted(back) == sorted(cpu for _, cpu in out)
@@ -175,8 +176,8 @@ def test_the_scheduler_plans_slots_the_policy_really_handed_out():
     policy = make_policy("on_demand", num_slots=256, block_size=4, max_model_len=64)
     sched = ContinuousScheduler(policy)
     a, b = seq(0, 6, 3, 64), seq(1, 3, 3, 64)
-    sched.add(a)
-    sched.add(b)
+    sched.add(EngineRequest.of(a))
+    sched.add(EngineRequest.of(b))
     plan = sched.schedule()
     assert [(w.seq.seq_id, w.cached, w.num_new) for w in plan.work] == [(0, 0, 6), (1, 0, 3)]
     assert plan.work[0].slots == policy.token_slots(0)

@@ -192,12 +192,12 @@ def test_swapped_tables_keep_their_tokens_and_come_back_findable():
     p.allocate("a", len(A), 4, token_ids=A)
     p.append_slots("a", len(A))
     p.commit_tokens("a", A)
-    out = space.swap_out(p, ["a"])
+    out = space.swap_out({s: p.detach(s) for s in ["a"]})
     assert len(out) == 3 and p.pool.num_evictable == 2, "its full blocks stay cached on the device, unheld"
     p.allocate("filler", 30, 1, token_ids=list(range(100, 130)))  # 8 blocks: evicts everything cached
     assert p.cached_prefix_tokens(A) == 0 and p.evictions == 2
     p.free("filler")
-    space.swap_in(p, ["a"])
+    space.swap_in(["a"], p.attach_swapped(space.tables_of(["a"])))
     assert p.num_tokens("a") == len(A)
     p.append_slots("a", 1)
     p.commit_tokens("a", [5])
@@ -297,9 +297,9 @@ def test_a_sequence_with_unwritten_tokens_cannot_be_swapped_out():
     p.allocate("a", len(A), 2, token_ids=A)
     p.append_slots("a", len(A))
     with pytest.raises(RuntimeError, match="planned but not written"):
-        space.swap_out(p, ["a"])
+        space.swap_out({s: p.detach(s) for s in ["a"]})
     p.commit_tokens("a", A)
-    assert len(space.swap_out(p, ["a"])) == 3
+    assert len(space.swap_out({s: p.detach(s) for s in ["a"]})) == 3
     space.drop("a")
     space.check_invariants()
     assert not space.seq_ids() and p.num_free_blocks == p.num_blocks

@@ -105,7 +105,8 @@ class FakeEngine:
         seq = self.pick(i)
         if seq is None or not self.space.can_swap_out(self.p, [seq]):
             return
-        for dev, cpu in self.space.swap_out(self.p, [seq]):  # copied out before anyone reuses the block
+        # copied out before anyone reuses the block
+        for dev, cpu in self.space.swap_out({seq: self.p.detach(seq)}):
             for off in range(BS):
                 self.cpu_holds[cpu * BS + off] = self.slot_holds.get(dev * BS + off)
         self.swapped[seq] = self.tokens.pop(seq)
@@ -116,7 +117,7 @@ class FakeEngine:
         seq = sorted(self.swapped)[i % len(self.swapped)]
         if not self.space.can_swap_in(self.p, [seq]):
             return
-        for cpu, dev in self.space.swap_in(self.p, [seq]):
+        for cpu, dev in self.space.swap_in([seq], self.p.attach_swapped(self.space.tables_of([seq]))):
             for off in range(BS):
                 self.slot_holds[dev * BS + off] = self.cpu_holds.get(cpu * BS + off)
         self.tokens[seq] = self.swapped.pop(seq)

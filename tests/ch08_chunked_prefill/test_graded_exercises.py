@@ -3,17 +3,12 @@ the chunk planner and the chunked scheduler's pass over the running requests, st
 plans worked out by hand. No model: the scheduler and a KV policy alone."""
 
 from minipaged.kv import make_policy
+from minipaged.runner import SyntheticRunner
 from minipaged.sampling_params import SamplingParams
-from minipaged.scheduler import make_scheduler
-from minipaged.scheduler.plan import Group
+from minipaged.scheduler import Request, make_scheduler
 from minipaged.sequence import Sequence
 
 BS = 4
-
-
-class _NoText:
-    def decode(self, ids, skip_special_tokens=True):
-        return ""
 
 
 def make(budget, max_num_seqs=4, num_blocks=256, mode="recompute", policy_name="on_demand"):
@@ -34,11 +29,8 @@ def step(sched):
     plan = sched.schedule()
     for w in plan.work:
         assert len(w.slots) == w.num_new
-        if w.completes:
-            for s in [*sched.fork_children(w.seq), w.seq]:  # parallel samples fork after the prompt
-                s.append(5, _NoText())
-                if s.finished:
-                    sched.finish(s)
+    # every completed sequence samples token 5; parallel samples fork after the prompt
+    sched.update_from_output(plan, SyntheticRunner(token_of=lambda s: 5).execute(plan), 0.0)
     return plan, {w.seq.seq_id: w.num_new for w in plan.work}
 
 
@@ -52,7 +44,7 @@ def test_chunks_give_each_sequence_its_uncached_tokens_while_the_budget_lasts():
         policy.allocate(s.seq_id, s.num_tokens, 4)
     policy.append_slots(0, 4)  # a: 4 of 10 computed, 6 to go
     policy.append_slots(1, 3)  # b: all computed, nothing to go
-    group = Group(0, [a, b, c])  # c: 6 to go
+    group = Request("r", a.prompt_ids, a.params, [a, b, c], seqs=[a, b, c])  # c: 6 to go
     assert sched._chunks(group, 100) == [(0, 6), (2, 6)], "everything uncached; b has nothing and is left out"
     assert sched._chunks(group, 12) == [(0, 6), (2, 6)]
     assert sched._chunks(group, 8) == [(0, 6), (2, 2)], "the last one gets what the budget has left"
@@ -64,7 +56,7 @@ def test_chunks_give_each_sequence_its_uncached_tokens_while_the_budget_lasts():
 
 def test_a_long_prompt_is_cut_into_budget_sized_chunks():
     policy, sched = make(budget=6)
-    sched.add(seq(0, 20, max_tokens=2))
+    sched.add(Request.of(seq(0, 20, max_tokens=2)))
     plans = [step(sched)[1] for _ in range(5)]
     assert plans == [{0: 6}, {0: 6}, {0: 6}, {0: 2}, {0: 1}], "6 + 6 + 6 + 2 = 20, then one decode"
     assert not sched.has_work() and not policy.seq_ids()
@@ -79,9 +71,9 @@ def test_decodes_come_first_and_the_prompt_gets_what_the_budget_has_left():
     Steps 2-3: A decodes (1), B gets the other 5 each time. Step 4: A decodes, B's last token, and the 4
     tokens left admit C whole. Step 5: B and C decode (A finished in step 4)."""
     policy, sched = make(budget=6)
-    sched.add(seq(0, 3, max_tokens=4))
-    sched.add(seq(1, 14, max_tokens=2))
-    sched.add(seq(2, 2, max_tokens=2))
+    sched.add(Request.of(seq(0, 3, max_tokens=4)))
+    sched.add(Request.of(seq(1, 14, max_tokens=2)))
+    sched.add(Request.of(seq(2, 2, max_tokens=2)))
     plans = []
     while sched.has_work():
         plan, work = step(sched)
@@ -95,8 +87,8 @@ def test_every_running_decode_is_planned_even_past_the_budget():
     """Budget 4, and one request of 6 parallel samples (admitted, as nothing else runs): its prompt is
     one chunk, then all 6 samples decode in one step. A decode never waits for the budget."""
     policy, sched = make(budget=4, max_num_seqs=4, policy_name="shared")
-    sched.add(seq(0, 3, max_tokens=2, n=6), [seq(i, 3, max_tokens=2, n=6, index=i) for i in range(1, 6)])
-    sched.add(seq(6, 9, max_tokens=1))
+    sched.add(Request.of(seq(0, 3, max_tokens=2, n=6), [seq(i, 3, max_tokens=2, n=6, index=i) for i in range(1, 6)]))
+    sched.add(Request.of(seq(6, 9, max_tokens=1)))
     plans = []
     while sched.has_work():
         plans.append(step(sched)[1])
@@ -121,9 +113,9 @@ def refuse_chunks_of(policy, seq_ids):
 
 def test_a_chunk_that_must_wait_for_memory_holds_back_new_requests():
     policy, sched = make(budget=8)
-    sched.add(seq(0, 2, max_tokens=5))
-    sched.add(seq(1, 20, max_tokens=2))
-    sched.add(seq(2, 3, max_tokens=1))
+    sched.add(Request.of(seq(0, 2, max_tokens=5)))
+    sched.add(Request.of(seq(1, 20, max_tokens=2)))
+    sched.add(Request.of(seq(2, 3, max_tokens=1)))
     assert step(sched)[1] == {0: 2, 1: 6}
     refused = set()
     refuse_chunks_of(policy, refused)
@@ -142,7 +134,7 @@ def test_a_chunk_that_must_wait_for_memory_holds_back_new_requests():
 
 def test_a_lone_chunk_without_memory_is_preempted_as_in_chapter_06():
     policy, sched = make(budget=4)
-    sched.add(seq(0, 10, max_tokens=1))
+    sched.add(Request.of(seq(0, 10, max_tokens=1)))
     assert step(sched)[1] == {0: 4}
     refused = {0}
     refuse_chunks_of(policy, refused)

@@ -20,20 +20,19 @@ def test_notebook_planner_matches_the_scheduler(rederive, seed):
     budget = max_num_seqs + rng.randint(0, 20)
     # the notebook's own driver would also work, but here the scheduler is driven independently
     from minipaged.kv import make_policy
+    from minipaged.runner import SyntheticRunner
     from minipaged.sampling_params import SamplingParams
+    from minipaged.scheduler import Request as EngineRequest
     from minipaged.scheduler import make_scheduler
     from minipaged.sequence import Sequence
-
-    class NoText:
-        def decode(self, ids, skip_special_tokens=True):
-            return ""
 
     policy = make_policy("on_demand", num_slots=4096, block_size=4, max_model_len=128)
     sched = make_scheduler("continuous", policy, enable_chunked_prefill=True, max_num_batched_tokens=budget,
                            max_num_seqs=max_num_seqs)
     for r in requests:
-        sched.add(Sequence(r.request_id, [1] * r.prompt_len, SamplingParams(max_tokens=r.output_len, ignore_eos=True),
-                           eos_token_id=-1, max_model_len=128))
+        sched.add(EngineRequest.of(Sequence(r.request_id, [1] * r.prompt_len,
+                                      SamplingParams(max_tokens=r.output_len, ignore_eos=True),
+                                      eos_token_id=-1, max_model_len=128)))
     steps = 0
     while sched.has_work():
         running = [(s.seq_id, s.num_tokens - policy.num_tokens(s.seq_id)) for g in sched.running for s in g.seqs]
@@ -41,11 +40,7 @@ def test_notebook_planner_matches_the_scheduler(rederive, seed):
         expected = plan_by_hand(running, waiting, budget, max_num_seqs)
         plan = sched.schedule()
         assert {w.seq.seq_id: w.num_new for w in plan.work} == expected
-        for w in plan.work:
-            if w.completes:
-                w.seq.append(7, NoText())
-                if w.seq.finished:
-                    sched.finish(w.seq)
+        sched.update_from_output(plan, SyntheticRunner().execute(plan), 0.0)  # token 7 for each completed one
         steps += 1
     assert steps >= len(requests)
 

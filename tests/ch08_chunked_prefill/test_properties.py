@@ -15,16 +15,12 @@ from hypothesis import strategies as st
 
 from minipaged.kv import make_policy
 from minipaged.kv.swap import SwapSpace
+from minipaged.runner import SyntheticRunner
 from minipaged.sampling_params import SamplingParams
-from minipaged.scheduler import make_scheduler
+from minipaged.scheduler import Request, make_scheduler
 from minipaged.sequence import Sequence
 
 BS = 2
-
-
-class _NoText:
-    def decode(self, ids, skip_special_tokens=True):
-        return ""
 
 
 def next_token(context: tuple) -> int:
@@ -51,7 +47,7 @@ def serve(requests, *, policy_name, num_blocks, budget, max_num_seqs, mode, n):
                  for i in range(n)]
         for s in group:
             seqs[s.seq_id] = (s, expected_outputs(list(prompt), n_out))
-        sched.add(group[0], group[1:])
+        sched.add(Request.of(group[0], group[1:]))
     steps = partial = 0
     refused = set()
     while sched.has_work():
@@ -60,7 +56,7 @@ def serve(requests, *, policy_name, num_blocks, budget, max_num_seqs, mode, n):
         decoding = {s.seq_id for g in sched.running for s in g.seqs
                     if s.num_tokens - policy.num_tokens(s.seq_id) == 1}
         plan = sched.schedule()
-        refused.update(s.seq_id for s in plan.refused)  # could never fit this pool: dropped, the others go on
+        refused.update(s.seq_id for r in plan.refused for s in r.samples)  # could never fit: the others go on
         # only a lone request with more samples than the budget may go over it, by its decodes alone
         assert plan.num_tokens <= max(budget, len(decoding)), f"{plan.num_tokens} tokens, budget {budget}"
         planned = {w.seq.seq_id for w in plan.work}
@@ -72,26 +68,22 @@ def serve(requests, *, policy_name, num_blocks, budget, max_num_seqs, mode, n):
         for cpu, dev in plan.swap_in:
             for off in range(BS):
                 holds[dev * BS + off] = cpu_holds.get(cpu * BS + off)
-        for src, dst in policy.drain_copies():
+        for src, dst in plan.copies:
             for off in range(BS):
                 holds[dst * BS + off] = holds.get(src * BS + off)
         for w in plan.work:  # "the forward pass": every chunk's K/V is written before anyone reads
             for i, slot in enumerate(w.slots):
                 holds[slot] = tuple(w.seq.all_ids[:w.cached + i + 1])
-            policy.commit_tokens(w.seq.seq_id, w.seq.all_ids[w.cached:w.cached + w.num_new])
         for w in plan.work:
             seq = w.seq
             read = [holds.get(slot) for slot in policy.token_slots(seq.seq_id)]
             assert read == [tuple(seq.all_ids[:i + 1]) for i in range(w.cached + w.num_new)], (
                 f"seq {seq.seq_id} reads back wrong K/V after its chunk at {w.cached}..{w.cached + w.num_new}")
-            if not w.completes:
-                partial += 1
-                continue
-            token = next_token(read[-1])
-            for s in [*sched.fork_children(seq), seq]:
-                s.append(token, _NoText())
-                if s.finished:
-                    sched.finish(s)
+            partial += not w.completes
+        # each completed sequence's next token follows from what it read back (the samples forked
+        # from it read the same), and the scheduler applies the step
+        sample = SyntheticRunner(token_of=lambda s: next_token(tuple(s.all_ids)))
+        sched.update_from_output(plan, sample.execute(plan), 0.0)
         policy.check_invariants()
     assert not policy.seq_ids(), "blocks leaked"
     if swap is not None:

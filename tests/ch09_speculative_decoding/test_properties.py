@@ -16,17 +16,13 @@ from hypothesis import strategies as st
 
 from minipaged.kv import make_policy
 from minipaged.kv.swap import SwapSpace
+from minipaged.runner import StepOutput
 from minipaged.sampling_params import SamplingParams
-from minipaged.scheduler import make_scheduler
+from minipaged.scheduler import Request, make_scheduler
 from minipaged.sequence import Sequence
-from minipaged.spec import SpeculativeConfig, verify
+from minipaged.spec import SpeculativeConfig
 
 BS = 2
-
-
-class _NoText:
-    def decode(self, ids, skip_special_tokens=True):
-        return ""
 
 
 def next_token(context: tuple) -> int:
@@ -62,8 +58,8 @@ def serve(requests, *, policy_name, num_blocks, max_num_seqs, mode, k, right, se
                        eos_token_id=-1, max_model_len=48)
         expected[i] = truth(list(prompt), n_out + k + 1)  # a little past the end: the proposer may look there
         seqs.append(seq)
-        sched.add(seq)
-    steps = accepted = 0
+        sched.add(Request.of(seq))
+    steps = 0
     while sched.has_work():
         steps += 1
         assert steps < 5000, "no end"
@@ -75,34 +71,23 @@ def serve(requests, *, policy_name, num_blocks, max_num_seqs, mode, k, right, se
         for cpu, dev in plan.swap_in:
             for off in range(BS):
                 holds[dev * BS + off] = cpu_holds.get(cpu * BS + off)
-        for src, dst in policy.drain_copies():
+        for src, dst in plan.copies:
             for off in range(BS):
                 holds[dst * BS + off] = holds.get(src * BS + off)
         for w in plan.work:  # the forward pass: the sequence's own tokens, then its guesses
             ids = w.seq.all_ids[:w.cached] + w.tokens
             for i, slot in enumerate(w.slots):
                 holds[slot] = tuple(ids[:w.cached + i + 1])
-            policy.commit_tokens(w.seq.seq_id, w.tokens[:w.num_own])
+        rows = []
         for w in plan.work:
             seq = w.seq
             read = [holds.get(slot) for slot in policy.token_slots(seq.seq_id)]
             ids = seq.all_ids[:w.cached] + w.tokens
             assert read == [tuple(ids[:i + 1]) for i in range(len(ids))], f"seq {seq.seq_id} reads wrong K/V"
-            if not w.completes:
-                continue
-            before = seq.num_tokens
-
-            def emit(j, seq=seq, read=read, w=w):  # row j: the position of the own token + j
-                seq.append(next_token(read[w.cached + w.num_own - 1 + j]), _NoText())
-                return seq.output_ids[-1], seq.finished
-
-            emitted = verify(w.draft, emit) if w.draft else emit(0) and 1
-            good = w.draft[:emitted - 1]
-            accepted += len(good)
-            policy.truncate(seq.seq_id, before + len(good))
-            policy.commit_tokens(seq.seq_id, good)
-            if seq.finished:
-                sched.finish(seq)
+            # row j: what was read at the position of the own token + j; its next token follows from it
+            rows.append([read[w.cached + w.num_own - 1 + j] for j in range(1 + len(w.draft))])
+        output = StepOutput(rows, lambda seq, row: seq.append(next_token(row), None), None)
+        sched.update_from_output(plan, output, 0.0)  # verifies the drafts, gives back the rejected slots
         policy.check_invariants()
         for g in sched.running:  # after the step no sequence holds a slot for a rejected guess
             for s in g.seqs:
@@ -110,7 +95,7 @@ def serve(requests, *, policy_name, num_blocks, max_num_seqs, mode, k, right, se
     assert not policy.seq_ids(), "blocks leaked"
     if swap is not None:
         assert not swap.seq_ids(), "the swap space leaked"
-    return seqs, {**sched.stats, "accepted": accepted, "steps": steps}, expected
+    return seqs, {**sched.stats, "accepted": sched.stats["spec_accepted_tokens"], "steps": steps}, expected
 
 
 requests = st.lists(st.tuples(st.lists(st.integers(0, 2), min_size=1, max_size=12), st.integers(1, 12)),

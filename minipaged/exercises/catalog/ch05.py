@@ -28,7 +28,7 @@ EXERCISES = [
         task="Give child_id a new BlockTable that starts where the parent is: the parent's prompt_len and "
              "num_tokens, its max_new_tokens and final_len unless the caller passed the child's own, and the "
              "parent's physical blocks, each with one more holder (self.pool.share). Store it in "
-             "self._seqs[child_id] and count the fork in self.stats['forks']. No free block is taken and no "
+             "self._seqs[child_id]. No free block is taken and no "
              "K/V is copied; the child's table must still be a list of its own, or growing one sequence would "
              "grow the other.",
         hint="The parent's table is `parent` (already looked up). BlockTable(prompt_len, max_new_tokens, "

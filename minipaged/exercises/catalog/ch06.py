@@ -9,13 +9,15 @@ EXERCISES = [
     Exercise(
         id="06.1",
         title="ContinuousScheduler._requeue: a recomputed request goes back to the head",
-        task="Put `group` (it holds no blocks now) back at the front of self.waiting, so that it is prefilled "
-             "again before anything new is admitted. A beam search (group.beam_width) goes back whole and is "
-             "added to plan.restarted. Otherwise each sequence after the first becomes a request of its own, "
-             "Group(next(self._group_ids), [seq]), recorded in self._group_of and announced with "
-             "self._on_split(group, part); `group` keeps only its first sequence, and the queue must then "
-             "start with group, then the parts in their original order.",
-        hint="appendleft puts a group at the front, so add the parts last one first, then `group` itself.",
+        task="Put `request` (it holds no blocks now) back at the front of self.waiting, with its status "
+             "RequestStatus.WAITING, so that it is prefilled again before anything new is admitted. A beam search "
+             "(request.beam is not None) goes back whole, after self._restart_beams(request) has made it start "
+             "over from its prompt. Otherwise each sequence after the first becomes a request of its own, "
+             "request.split(seq, next(self._uids)), recorded in self._request_of and announced with "
+             "self._on_split(request, part); `request` keeps only its first sequence, and the queue must then "
+             "start with request, then the parts in their original order.",
+        hint="appendleft puts a request at the front, so add the parts last one first, then `request` itself; "
+             "split removes seq from request.seqs, so walk a copy of request.seqs[1:].",
         tests=(f"{G}::test_preempted_requests_go_back_to_the_head_of_the_queue_oldest_first",
                f"{G}::test_preempted_samples_come_back_as_one_request_each_in_order",
                f"{G}::test_a_preempted_beam_search_starts_over_whole"),
@@ -24,14 +26,14 @@ EXERCISES = [
     Exercise(
         id="06.2",
         title="ContinuousScheduler._schedule_running: preempt the newest to make room",
-        task="Walk self.running oldest first. If the policy can append every uncached token of the group "
-             "(self.policy.can_append_all(self._appends(group))), plan it with self._plan(group, plan) and move "
-             "on; if not, take the newest running group off the end of self.running, preempt it with "
-             "self._preempt(victim, plan), and try the same group again. The group that is short may itself be "
+        task="Walk self.running oldest first. If the policy can append every uncached token of the request "
+             "(self.policy.can_append_all(self._appends(request))), plan it with self._plan(request, plan) and "
+             "move on; if not, take the newest running request off the end of self.running, preempt it with "
+             "self._preempt(victim, plan), and try the same request again. The one that is short may itself be "
              "the newest. Preempting the newest (last come, first out) keeps the oldest requests moving, so "
              "every request finishes.",
         hint="Use an index and a while loop: the list shrinks from its end while you walk it, and a preempted "
-             "group was never planned this step, since it sits at or after the index.",
+             "request was never planned this step, since it sits at or after the index.",
         tests=(f"{G}::test_the_newest_is_preempted_to_make_room_for_the_oldest",
                f"{G}::test_preemption_goes_on_until_the_older_ones_fit_and_can_take_the_one_that_is_short",
                f"{G}::test_requests_that_fit_run_in_admission_order_without_preempting_anyone",
@@ -42,15 +44,15 @@ EXERCISES = [
     Exercise(
         id="06.3",
         title="ContinuousScheduler._admit: first come, first served",
-        task="Admit groups from the head of self.waiting, in order, and stop at the first one that cannot start "
-             "now: self._may_admit says no; something runs and the group's sequences (group.num_seqs) would take "
-             "the running ones (self.num_running_seqs() plus those admitted this step) past self.max_num_seqs; "
-             "self._over_budget says so; or self._allocate(group) returns False. Nobody behind it may jump the "
-             "queue, or a long request could wait forever. A group that can never fit (self._never_fits gives a "
-             "reason, or _allocate raises ValueError) is popped and passed to self._refuse(group, reason, plan); "
-             "with nothing running, a group of several samples (not a beam search) that finds no room is popped "
-             "and split by self._requeue(group, plan); an admitted group is popped, appended to self.running and "
-             "given its slots by self._plan(group, plan).",
+        task="Admit requests from the head of self.waiting, in order, and stop at the first one that cannot "
+             "start now: self._may_admit says no; something runs and the request's sequences (request.num_seqs) "
+             "would take the running ones past self.max_num_seqs; self._over_budget says so; or "
+             "self._allocate(request) returns False. Nobody behind it may jump the queue, or a long request could "
+             "wait forever. A request that can never fit (self._never_fits gives a reason, or _allocate raises "
+             "ValueError) is popped and passed to self._refuse(request, reason, plan); with nothing running, a "
+             "request of several samples (not a beam search) that finds no room is popped and split by "
+             "self._requeue(request); an admitted request is popped, given the status RequestStatus.RUNNING, "
+             "appended to self.running and given its slots by self._plan(request, plan).",
         hint="A while loop on self.waiting[0]; `return` ends admission for this step. Check _never_fits before "
              "_allocate, and catch ValueError around _allocate.",
         tests=(f"{G}::test_nobody_jumps_the_queue",

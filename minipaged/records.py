@@ -322,7 +322,7 @@ def chapters() -> list[Path]:
 
 def pages() -> list[Path]:
     """The site pages that quote records (docs/pages/*.md with a record marker)."""
-    return sorted(p for p in PAGES.glob("*.md") if "<!-- record: " in p.read_text() or "<!-- fig: " in p.read_text())
+    return sorted(p for p in PAGES.glob("*.md") if re.search(r"<!-- (record|fig): ", p.read_text()))
 
 
 def rendered_files() -> list[tuple[Path, Path | None]]:

@@ -15,6 +15,7 @@ Not handled: commits whose ``bench decode`` does not exist yet (it arrived with 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -23,6 +24,22 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+@contextlib.contextmanager
+def commit_trees(commits: dict[str, str]):
+    """{side: commit} -> {side: a temporary detached worktree of that commit}, removed afterwards."""
+    with tempfile.TemporaryDirectory() as tmp:
+        trees = {}
+        try:
+            for side, commit in commits.items():
+                trees[side] = Path(tmp) / side
+                subprocess.run(["git", "worktree", "add", "--detach", "-q", str(trees[side]), commit],
+                               cwd=ROOT, check=True)
+            yield trees
+        finally:
+            for tree in trees.values():
+                subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, check=False)
 
 
 def bench_once(tree: Path, args) -> dict:
@@ -48,25 +65,16 @@ def main(argv=None) -> int:
         raise SystemExit("--rounds must be at least 1")
     best: dict[str, dict[int, float]] = {"base": {}, "head": {}}
     noisy = 0
-    with tempfile.TemporaryDirectory() as tmp:
-        trees = {}
-        for side in ("base", "head"):
-            trees[side] = Path(tmp) / side
-            subprocess.run(["git", "worktree", "add", "--detach", "-q", str(trees[side]), getattr(args, side)],
-                           cwd=ROOT, check=True)
-        try:
-            for i in range(args.rounds):
-                for side in ("base", "head"):
-                    r = bench_once(trees[side], args)
-                    noisy += not r["probe"]["reliable"]
-                    for row in r["rows"]:
-                        b, tps = row["batch"], row["engine"]["tokens_per_s"]
-                        best[side][b] = max(best[side].get(b, 0.0), tps)
-                        print(f"round {i + 1} {side} ({getattr(args, side)}): batch {b}: {tps:.1f} tok/s",
-                              file=sys.stderr)
-        finally:
-            for tree in trees.values():
-                subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, check=False)
+    with commit_trees({"base": args.base, "head": args.head}) as trees:
+        for i in range(args.rounds):
+            for side in ("base", "head"):
+                r = bench_once(trees[side], args)
+                noisy += not r["probe"]["reliable"]
+                for row in r["rows"]:
+                    b, tps = row["batch"], row["engine"]["tokens_per_s"]
+                    best[side][b] = max(best[side].get(b, 0.0), tps)
+                    print(f"round {i + 1} {side} ({getattr(args, side)}): batch {b}: {tps:.1f} tok/s",
+                          file=sys.stderr)
     print(f"{'batch':>5} {'base tok/s':>10} {'head tok/s':>10} {'head/base':>9}")
     for b in sorted(best["base"]):
         print(f"{b:>5} {best['base'][b]:>10.1f} {best['head'][b]:>10.1f} {best['head'][b] / best['base'][b]:>8.2f}x")

@@ -2,14 +2,14 @@
 
     python scripts/ab_throughput.py BASE HEAD [--workloads readme,support] [--rounds 3]
 
-``bench throughput`` measures the default ``LLM()`` against HF Transformers; this script measures the
-engine's side only, for two commits. Each commit is checked out into a temporary git worktree. Then,
-``--rounds`` times, alternating BASE, HEAD, BASE, HEAD, ..., a fresh Python process with that worktree
-first on the import path builds ``LLM("smollm2-135m")`` (the weights come from this machine's cache),
-warms it up, and runs each workload of ``bench throughput`` once (its chat prompts, greedy,
-``max_tokens`` as there). Per commit and workload the best round's output tokens/s is kept, and the
-script prints HEAD / BASE and whether the greedy outputs are the same token for token. Run it alone
-on the machine: a second process on the cores moves every figure.
+``bench throughput`` measures the default ``LLM()`` against HF Transformers; this script measures
+the engine's side only, for two commits. Each commit is checked out into a temporary git worktree
+(``ab_decode.commit_trees``). Then, ``--rounds`` times, alternating BASE, HEAD, BASE, HEAD, ..., a
+fresh Python process with that worktree first on the import path builds ``LLM("smollm2-135m")`` (the
+weights come from this machine's cache), warms it up, and runs each workload of ``bench throughput``
+once (its chat prompts, greedy, ``max_tokens`` as there). Per commit and workload the best round's
+output tokens/s is kept, and the script prints HEAD / BASE and whether the greedy outputs are the
+same token for token. Run it alone on the machine: a second process on the cores moves every figure.
 
 Not handled: commits older than ``bench throughput`` (it arrived with the speed work).
 """
@@ -21,15 +21,14 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from ab_decode import commit_trees  # scripts/ is first on the path when a script runs
 
 # What one round runs, in a process whose import path starts with the commit's worktree.
 ROUND = """
-import json, sys, time
-from minipaged import LLM, SamplingParams
+import json, sys
+from minipaged import LLM
 from minipaged.bench.throughput import chat_prompts, run_minipaged
 
 llm = LLM("smollm2-135m", progress=False)
@@ -61,25 +60,16 @@ def main(argv=None) -> int:
         raise SystemExit("--rounds must be at least 1")
     best: dict[str, dict[str, float]] = {"base": {}, "head": {}}
     tokens: dict[str, dict[str, list]] = {"base": {}, "head": {}}
-    with tempfile.TemporaryDirectory() as tmp:
-        trees = {}
-        for side in ("base", "head"):
-            trees[side] = Path(tmp) / side
-            subprocess.run(["git", "worktree", "add", "--detach", str(trees[side]), getattr(args, side)],
-                           cwd=ROOT, check=True, capture_output=True)
-        try:
-            for r in range(args.rounds):
-                for side in ("base", "head"):
-                    result = round_once(trees[side], args.workloads)
-                    for name, w in result.items():
-                        rate = w["output_tokens"] / w["seconds"]
-                        best[side][name] = max(best[side].get(name, 0.0), rate)
-                        tokens[side][name] = w["tokens"]
-                        print(f"round {r + 1} {side} {name}: {rate:.1f} output tok/s ({w['seconds']:.2f} s)",
-                              file=sys.stderr, flush=True)
-        finally:
-            for tree in trees.values():
-                subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, capture_output=True)
+    with commit_trees({"base": args.base, "head": args.head}) as trees:
+        for r in range(args.rounds):
+            for side in ("base", "head"):
+                result = round_once(trees[side], args.workloads)
+                for name, w in result.items():
+                    rate = w["output_tokens"] / w["seconds"]
+                    best[side][name] = max(best[side].get(name, 0.0), rate)
+                    tokens[side][name] = w["tokens"]
+                    print(f"round {r + 1} {side} {name}: {rate:.1f} output tok/s ({w['seconds']:.2f} s)",
+                          file=sys.stderr, flush=True)
     print(f"{'workload':10s} {'base tok/s':>11s} {'head tok/s':>11s} {'head/base':>10s}  greedy outputs")
     for name in args.workloads.split(","):
         b, h = best["base"][name], best["head"][name]

@@ -77,8 +77,8 @@ def student_copy(src: Path, dst: Path, exercises, keep_answers: bool = False) ->
         solutions: dict[str, dict[str, set[str]]] = {}
         for ex in by_id:
             for region in regions[ex]:
-                solutions.setdefault(region.path.as_posix(), {})[ex] = solution_lines(src, [region]) | \
-                    solutions.get(region.path.as_posix(), {}).get(ex, set())
+                solutions.setdefault(region.path.as_posix(), {}).setdefault(ex, set()).update(
+                    solution_lines(src, [region]))
         answers, quotes = 0, []
         for path in text_files(dst):
             text, out = strip_answers(path.read_text(), solutions)

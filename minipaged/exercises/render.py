@@ -55,15 +55,17 @@ def instructor_table(exercises, regions) -> str:
     return "\n".join(lines)
 
 
-def _replace_between(text: str, block: str) -> str | None:
-    start, end = text.find(BEGIN), text.find(END)
-    if start < 0 or end < start:
+def replace_between(text: str, begin: str, end: str, block: str) -> str | None:
+    """``text`` with everything from the ``begin`` marker to the ``end`` marker replaced by ``block``
+    (which carries the markers again), or None if the markers are missing."""
+    start, stop = text.find(begin), text.find(end)
+    if start < 0 or stop < start:
         return None
-    return text[:start] + block + text[end + len(END):]
+    return text[:start] + block + text[stop + len(end):]
 
 
 def render_chapter(text: str, block: str, path) -> str:
-    replaced = _replace_between(text, block)
+    replaced = replace_between(text, BEGIN, END, block)
     if replaced is not None:
         return replaced
     at = text.find("\n" + HEADING + "\n")
@@ -85,7 +87,7 @@ def rendered_files(root: Path, exercises) -> dict[Path, str]:
         out[readme] = render_chapter(readme.read_text(), block, readme.relative_to(root))
     page = root / "docs" / "pages" / "instructors.md"
     if page.exists():
-        replaced = _replace_between(page.read_text(), instructor_table(exercises, regions))
+        replaced = replace_between(page.read_text(), BEGIN, END, instructor_table(exercises, regions))
         if replaced is None:
             raise ValueError(f"{page.relative_to(root)} lacks the graded-exercise markers")
         out[page] = replaced
@@ -96,7 +98,7 @@ def rendered_files(root: Path, exercises) -> dict[Path, str]:
             (root / "README.md", syllabus.TOTAL_BEGIN, syllabus.TOTAL_END, syllabus.course_length(exercises))):
         if not path.exists():
             continue
-        replaced = syllabus.replace_between(out.get(path, path.read_text()), begin, end, block)
+        replaced = replace_between(out.get(path, path.read_text()), begin, end, block)
         if replaced is None:
             raise ValueError(f"{path.relative_to(root)} lacks the markers {begin!r} ... {end!r}")
         out[path] = replaced

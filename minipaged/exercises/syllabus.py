@@ -151,9 +151,3 @@ def course_length(exercises: list[Exercise]) -> str:
     lines = textwrap.wrap(text, width=100, subsequent_indent="  ", break_on_hyphens=False)
     return "\n".join([TOTAL_BEGIN, *lines, TOTAL_END])
 
-
-def replace_between(text: str, begin: str, end: str, block: str) -> str | None:
-    start, stop = text.find(begin), text.find(end)
-    if start < 0 or stop < start:
-        return None
-    return text[:start] + block + text[stop + len(end):]

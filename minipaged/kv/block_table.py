@@ -45,6 +45,28 @@ class BlockTable(SequenceState):
     blocks: list[int] = field(default_factory=list)  # logical block i -> physical block blocks[i]
 
 
+def relocate(tables: dict, pool) -> tuple[dict, dict[int, int]]:
+    """Give ``tables`` ({seq_id: table of blocks in another pool}) blocks of ``pool``: one fresh block
+    for each distinct block, taken all at once (NoFreeMemory, nothing taken, if too few are free), and
+    a block that several tables share stays shared here. Returns ({seq_id: the table with the new
+    blocks, all else kept}, {old block: new block}): swapping out (device -> CPU) and back in."""
+    from dataclasses import replace
+
+    fresh = iter(pool.take(len({b for t in tables.values() for b in t.blocks})))
+    moved: dict[int, int] = {}
+    new_tables = {}
+    for seq_id, table in tables.items():
+        blocks = []
+        for block in table.blocks:
+            if block in moved:
+                pool.share([moved[block]])
+            else:
+                moved[block] = next(fresh)
+            blocks.append(moved[block])
+        new_tables[seq_id] = replace(table, blocks=blocks)
+    return new_tables, moved
+
+
 class BlockTablePolicy(KVPolicy):
     name = "block_table"
     can_swap = True  # detach / attach_swapped: chapter 06's swap space moves a table out and back
@@ -160,19 +182,9 @@ class BlockTablePolicy(KVPolicy):
         blocks}. Each distinct swap block gets a fresh device block (one shared by several tables
         stays shared); returns {swap block: device block}. NoFreeMemory, nothing changed, if the pool
         has too few free blocks."""
-        from dataclasses import replace
-
-        fresh = self.pool.take(len({b for t in tables.values() for b in t.blocks}))
-        to_device: dict[int, int] = {}
-        for seq_id, table in tables.items():
-            device_blocks = []
-            for block in table.blocks:
-                if block in to_device:
-                    self.pool.share([to_device[block]])
-                else:
-                    to_device[block] = fresh.pop()
-                device_blocks.append(to_device[block])
-            self.attach(seq_id, replace(table, blocks=device_blocks))
+        new_tables, to_device = relocate(tables, self.pool)
+        for seq_id, table in new_tables.items():
+            self.attach(seq_id, table)
         return to_device
 
     def attach(self, seq_id, table: BlockTable) -> None:

@@ -37,9 +37,8 @@ is copied out and back in anyway, into a block of its own, so that sharing is lo
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from minipaged.kv.base import blocks_for
+from minipaged.kv.block_table import relocate
 from minipaged.kv.shared import RefCountedBlockPool
 
 
@@ -81,16 +80,8 @@ class SwapSpace:
         needed = len({b for t in tables.values() for b in t.blocks})
         if needed > self.pool.num_free:
             raise ValueError(f"swap space has {self.pool.num_free} free blocks; these sequences hold {needed}")
-        to_cpu: dict[int, int] = {}
-        for seq_id, table in tables.items():
-            cpu_blocks = []
-            for block in table.blocks:
-                if block in to_cpu:
-                    self.pool.share([to_cpu[block]])
-                else:
-                    (to_cpu[block],) = self.pool.take(1)
-                cpu_blocks.append(to_cpu[block])
-            self._tables[seq_id] = replace(table, blocks=cpu_blocks)  # whatever else the table records, kept
+        new_tables, to_cpu = relocate(tables, self.pool)
+        self._tables.update(new_tables)  # whatever else a table records, kept
         return list(to_cpu.items())
 
     def blocks_to_swap_in(self, seq_ids) -> int:

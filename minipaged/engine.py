@@ -23,7 +23,7 @@ import time
 import torch
 
 from minipaged.kv.per_request import NoCache, PerRequestKVCache
-from minipaged.sampling import make_generator, sample_token
+from minipaged.sampling import make_generator, penalized_logits, sample_token
 from minipaged.sequence import Sequence
 
 
@@ -32,12 +32,17 @@ def next_token(seq: Sequence, logits: torch.Tensor, generator, tokenizer, logpro
     """Sample from logits [V], then append to seq with its log-probability (and top-k if asked).
 
     A batched caller may pass what it computed for all rows at once: ``logprobs`` (log_softmax of
-    the logits) and ``greedy_token`` (their argmax)."""
+    the logits) and ``greedy_token`` (their argmax). Penalties and a logit bias (sampling.py) change
+    which token is chosen, from the sequence's own prompt and output so far; the reported
+    log-probabilities stay those of the raw logits."""
+    logp = torch.log_softmax(logits.float(), dim=-1) if logprobs is None else logprobs
+    if seq.params.penalized:
+        logits = penalized_logits(logits, seq.params, seq.prompt_ids, seq.output_ids)  # [V]
+        greedy_token = None  # the raw argmax no longer decides
     if seq.params.greedy:
         token = int(torch.argmax(logits)) if greedy_token is None else greedy_token
     else:
         token = sample_token(logits, seq.params, generator)
-    logp = torch.log_softmax(logits.float(), dim=-1) if logprobs is None else logprobs
     top = None
     if seq.params.logprobs is not None:
         values, ids = torch.topk(logp, max(seq.params.logprobs, 1))

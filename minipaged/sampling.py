@@ -1,8 +1,25 @@
-"""Turn one row of logits into the next token: greedy, temperature, top-k, top-p, min-p.
+"""Turn one row of logits into the next token: logit bias and penalties, then greedy, temperature,
+top-k, top-p, min-p.
 
 Each sample owns a torch.Generator seeded from SamplingParams.seed, so its random draws depend on
 nothing else in the batch: the same seed gives the same text whether the request runs alone or next
 to a hundred others.
+
+The penalties come first and change what greedy decoding picks too, in vLLM's order:
+
+    logits[t] += logit_bias[t]                               for each biased token t
+    logits[t] /= repetition_penalty  (if logits[t] > 0)       for each t in the prompt or the output
+    logits[t] *= repetition_penalty  (if logits[t] <= 0)
+    logits[t] -= frequency_penalty * count of t in the output
+    logits[t] -= presence_penalty * (1 if t is in the output)
+
+A repetition penalty above 1 makes every token seen so far less likely, whichever its sign (HF
+Transformers' ``repetition_penalty`` is the same rule); the other two are OpenAI's, and look only at
+what the model wrote, not at the prompt. Log-probabilities are reported from the raw logits, before
+any of this, as vLLM V1 reports them.
+
+Not handled yet: penalties computed on the device for the whole batch at once (this is one row at a
+time, and costs a pass over the sequence's tokens per sampled token).
 """
 
 from __future__ import annotations
@@ -27,6 +44,25 @@ def sample_seed(seed: int | None, index: int) -> int | None:
     if seed is None:
         return None
     return (seed + index * 0x9E3779B97F4A7C15) % (2**63)
+
+
+def penalized_logits(logits: torch.Tensor, params: SamplingParams, prompt_ids: list[int],
+                     output_ids: list[int]) -> torch.Tensor:
+    """logits [V] with params' logit bias and penalties applied (a new float32 tensor; see above)."""
+    logits = logits.float().clone()  # [V]
+    vocab = logits.shape[-1]
+    if params.logit_bias:
+        ids = torch.tensor(list(params.logit_bias), dtype=torch.long)
+        logits.index_add_(0, ids, torch.tensor(list(params.logit_bias.values()), dtype=torch.float32))
+    counts = torch.bincount(torch.tensor(output_ids, dtype=torch.long), minlength=vocab)  # [V]
+    if params.repetition_penalty != 1:
+        seen = counts > 0  # [V]
+        if prompt_ids:
+            seen[torch.tensor(prompt_ids, dtype=torch.long)] = True
+        scale = torch.where(logits > 0, 1 / params.repetition_penalty, params.repetition_penalty)
+        logits = torch.where(seen, logits * scale, logits)
+    logits -= params.frequency_penalty * counts + params.presence_penalty * (counts > 0)
+    return logits
 
 
 def processed_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:

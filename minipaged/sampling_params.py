@@ -5,7 +5,11 @@ bad value fails with a ValueError that names the field and what is allowed befor
 touched any memory for the request. An unknown field is a ValueError too (it names the vLLM fields
 not supported yet).
 
-Not handled yet: presence/frequency/repetition penalties, logit bias, guided decoding.
+The penalties and the logit bias mean what they mean in vLLM (``minipaged/sampling.py`` applies them):
+presence and frequency penalties count the output's tokens, the repetition penalty looks at prompt
+and output, and a logit bias is added to a token's logit before either.
+
+Not handled yet: allowed or bad token lists, guided decoding, logits processors.
 """
 
 from __future__ import annotations
@@ -29,8 +33,7 @@ class RequestOutputKind(Enum):
 SAMPLING_EPS = 1e-5
 
 # vLLM SamplingParams fields this engine does not implement yet: naming one is a ValueError that says so.
-UNSUPPORTED_VLLM_FIELDS = ("presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias",
-                           "allowed_token_ids", "bad_words", "prompt_logprobs", "best_of", "guided_decoding",
+UNSUPPORTED_VLLM_FIELDS = ("allowed_token_ids", "bad_words", "prompt_logprobs", "best_of", "guided_decoding",
                            "structured_outputs", "truncate_prompt_tokens", "detokenize",
                            "spaces_between_special_tokens", "logits_processors", "extra_args")
 
@@ -70,6 +73,23 @@ def _known_fields_only(cls):
     return cls
 
 
+def _checked_bias(bias) -> dict[int, float] | None:
+    """logit_bias as {token id: bias}, each bias clamped to [-100, 100] as vLLM's server does (a bias of
+    100 all but forces a token, -100 all but bans it). Keys may be integer strings, as JSON sends them."""
+    if bias is None:
+        return None
+    allowed = "a dict {token id: a number}, token ids as integers >= 0 (or their decimal strings)"
+    if not isinstance(bias, dict):
+        _fail("logit_bias", bias, allowed)
+    checked = {}
+    for key, value in bias.items():
+        token = int(key) if isinstance(key, str) and key.isascii() and key.isdigit() else key
+        if not _is_int(token) or token < 0 or not _is_number(value) or abs(value) == float("inf"):
+            _fail("logit_bias", {key: value}, allowed + ", each number finite")
+        checked[int(token)] = float(min(100.0, max(-100.0, value)))
+    return checked or None
+
+
 @_known_fields_only
 @dataclass
 class SamplingParams:
@@ -93,6 +113,11 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     logprobs: int | None = None  # also return the log-probabilities of this many top tokens per step
+    presence_penalty: float = 0.0  # in [-2, 2]: subtracted once from every token already in the output
+    frequency_penalty: float = 0.0  # in [-2, 2]: subtracted once per time a token is already in the output
+    repetition_penalty: float = 1.0  # > 0: divides a positive logit (multiplies a negative one) of every
+    #                                  token in the prompt or the output; 1 leaves them alone
+    logit_bias: dict[int, float] | None = None  # token id -> added to its logit (clamped to [-100, 100])
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE  # what the online engine's outputs carry
     _stop_list: list[str] = field(default_factory=list, init=False, repr=False)
 
@@ -134,6 +159,13 @@ class SamplingParams:
                 _fail(name, getattr(self, name), "True or False")
         if self.logprobs is not None and (not _is_int(self.logprobs) or self.logprobs < 0):
             _fail("logprobs", self.logprobs, "an integer >= 0 (how many top tokens per step), or None")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not _is_number(value) or not -2 <= value <= 2:
+                _fail(name, value, "a number in [-2, 2] (0 turns it off)")
+        if not _is_number(self.repetition_penalty) or not 0 < self.repetition_penalty < float("inf"):
+            _fail("repetition_penalty", self.repetition_penalty, "a finite number > 0 (1 turns it off)")
+        self.logit_bias = _checked_bias(self.logit_bias)
         if not isinstance(self.output_kind, RequestOutputKind):
             _fail("output_kind", self.output_kind, f"one of {[k.name for k in RequestOutputKind]} (RequestOutputKind)")
         return self
@@ -141,6 +173,12 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature < SAMPLING_EPS
+
+    @property
+    def penalized(self) -> bool:
+        """Whether a penalty or a logit bias changes the logits (then sampling needs the token history)."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1
+                    or self.logit_bias)
 
     @property
     def stop_strings(self) -> list[str]:
@@ -153,6 +191,9 @@ class SamplingParams:
         bad = [i for i in self.stop_token_ids if i >= vocab_size]
         if bad:
             _fail("stop_token_ids", bad, f"token ids in [0, {vocab_size})")
+        bad = [i for i in (self.logit_bias or {}) if i >= vocab_size]
+        if bad:
+            _fail("logit_bias", {i: self.logit_bias[i] for i in bad}, f"token ids in [0, {vocab_size}) as keys")
         if self.logprobs is not None and self.logprobs > vocab_size:
             _fail("logprobs", self.logprobs, f"an integer in [0, {vocab_size}] (the vocabulary size), or None")
         if max_num_seqs is not None and self.n > max_num_seqs:

@@ -52,6 +52,11 @@ def field_values():
         "include_stop_str_in_output": maybe(st.booleans()),
         "skip_special_tokens": maybe(st.booleans()),
         "logprobs": maybe(st.one_of(st.none(), st.integers(0, VOCAB + 2))),
+        "presence_penalty": maybe(st.floats(-2.5, 2.5)),
+        "frequency_penalty": maybe(st.sampled_from([0.0, -2.0, 1.5, 2.0001])),
+        "repetition_penalty": maybe(st.sampled_from([1.0, 1.3, 0.5, 0.0, -1.0])),
+        "logit_bias": maybe(st.one_of(st.none(), st.dictionaries(st.integers(0, VOCAB + 2), st.floats(-150, 150),
+                                                                 max_size=2))),
     }
 
 
@@ -61,7 +66,7 @@ def sampling_params(draw):
     chosen = draw(st.lists(st.sampled_from(sorted(fields)), max_size=5, unique=True))
     values = {name: draw(fields[name]) for name in chosen}
     if draw(st.integers(0, 30)) == 0:
-        values[draw(st.sampled_from(["presence_penalty", "best_of", "temprature"]))] = 1
+        values[draw(st.sampled_from(["allowed_token_ids", "best_of", "temprature"]))] = 1
     if values.get("max_tokens", 16) is None:  # up to the context length: keep the case short
         values["max_tokens"] = 8
     return values

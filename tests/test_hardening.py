@@ -237,8 +237,8 @@ def test_values_of_the_wrong_kind_are_refused(field, value):
 
 
 def test_unknown_sampling_fields_say_which_vllm_fields_are_not_supported():
-    with pytest.raises(ValueError, match=r"\['presence_penalty'\] exist in vLLM but are not supported"):
-        SamplingParams(presence_penalty=0.5)
+    with pytest.raises(ValueError, match=r"\['allowed_token_ids'\] exist in vLLM but are not supported"):
+        SamplingParams(allowed_token_ids=[1, 2])
     with pytest.raises(ValueError, match=r"unknown fields \['temprature'\]. The known fields are"):
         SamplingParams(temprature=0.5)
 

@@ -12,10 +12,11 @@ messages ``LLM.generate`` gives. The server turns both into OpenAI's error shape
 
 The sampling fields keep OpenAI's names and defaults (temperature 1.0, max_tokens 16 for completions
 and "up to the context length" for chat); vLLM's extra fields top_k, min_tokens, ignore_eos,
-stop_token_ids, min_p and skip_special_tokens are accepted too, as ``vllm serve`` does. OpenAI fields
-that this engine does not implement (penalties, logit_bias, tools, ...) are accepted at their
-neutral value and refused otherwise, so that a client never silently gets something else than it
-asked for.
+stop_token_ids, min_p, skip_special_tokens and repetition_penalty are accepted too, as ``vllm serve``
+does. presence_penalty, frequency_penalty and logit_bias mean what they mean in OpenAI's API and in
+vLLM (``minipaged/sampling.py``; a bias is clamped to [-100, 100], as vLLM does). OpenAI fields that
+this engine does not implement (tools, response formats, ...) are accepted at their neutral value
+and refused otherwise, so that a client never silently gets something else than it asked for.
 
 Not handled yet: ``echo``, ``suffix``, ``best_of``, tools and function calling, response formats,
 images and audio in messages (a message's content must be text, or a list of text parts).
@@ -58,10 +59,11 @@ class _Request(BaseModel):
     stop_token_ids: list[StrictInt] | None = None
     skip_special_tokens: StrictBool = True
     include_stop_str_in_output: StrictBool = False
-    # OpenAI fields this engine does not implement: fine at their neutral value, refused otherwise
+    repetition_penalty: StrictFloat | None = None
+    # OpenAI's penalties and bias
     presence_penalty: StrictFloat | None = None
     frequency_penalty: StrictFloat | None = None
-    logit_bias: dict[str, float] | None = None
+    logit_bias: dict[str, StrictFloat] | None = None  # token id (a string, as JSON keys are) -> bias
     user: str | None = None
 
 
@@ -125,12 +127,6 @@ def _refuse(field: str, value, why: str):
 
 
 def _refuse_unsupported(body: _Request) -> None:
-    for name in ("presence_penalty", "frequency_penalty"):
-        value = getattr(body, name)
-        if value not in (None, 0, 0.0):
-            _refuse(name, value, "this engine has no penalties yet; leave it out or send 0")
-    if body.logit_bias:
-        _refuse("logit_bias", body.logit_bias, "this engine has no logit bias yet; leave it out")
     if body.stream_options is not None and not body.stream:
         raise ValueError("stream_options is only allowed with stream=true")
 
@@ -143,6 +139,9 @@ def _sampling_params(body: _Request, max_tokens, logprobs, stream: bool) -> Samp
                   ignore_eos=body.ignore_eos, max_tokens=max_tokens, min_tokens=body.min_tokens,
                   skip_special_tokens=body.skip_special_tokens,
                   include_stop_str_in_output=body.include_stop_str_in_output, logprobs=logprobs,
+                  presence_penalty=body.presence_penalty or 0.0, frequency_penalty=body.frequency_penalty or 0.0,
+                  repetition_penalty=1.0 if body.repetition_penalty is None else body.repetition_penalty,
+                  logit_bias=body.logit_bias,
                   output_kind=RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY)
     return SamplingParams(**fields)
 

@@ -89,3 +89,32 @@ def test_greedy_outputs_equal(real_llm, hf, kind, text):
     assert max(gaps) < NEAR_TIE, (
         f"outputs part at step {step} ({ours[step]} vs {theirs[step]}) without a near tie: top-2 gaps {gaps}"
     )
+
+
+@pytest.mark.parametrize("kind,text,penalty", [(*PARITY_PROMPTS[1], 1.3), (*PARITY_PROMPTS[2], 0.8)])
+def test_greedy_with_repetition_penalty_equals_hf_generate(real_llm, hf, kind, text, penalty):
+    """HF's generate(repetition_penalty=...) counts the prompt and the output, as vLLM does. Both stop
+    at the end-of-sequence token. The first difference, if any, must be a near tie of the penalized
+    logits (the engine multiplies by 1 / penalty where HF divides: the last bit may differ)."""
+    from minipaged import SamplingParams
+    from minipaged.sampling import penalized_logits
+
+    _, hf_model = hf
+    ids = real_llm.tokenizer.encode(prompt_text(real_llm, kind, text))
+    params = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, repetition_penalty=penalty)
+    ours = real_llm.generate([ids], params, use_tqdm=False)[0].outputs[0].token_ids
+    with torch.no_grad():
+        out = hf_model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                                max_new_tokens=NEW_TOKENS, do_sample=False, repetition_penalty=penalty,
+                                pad_token_id=real_llm.tokenizer.eos_token_id)
+    theirs = out[0, len(ids):].tolist()
+    plain = real_llm.generate([ids], SamplingParams(temperature=0, max_tokens=NEW_TOKENS), use_tqdm=False)
+    assert ours != plain[0].outputs[0].token_ids, "the penalty changed nothing: pick a prompt where it does"
+    if ours == theirs:
+        return
+    step = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), min(len(ours), len(theirs)))
+    context = ids + ours[:step]
+    our_logits = real_llm.model(torch.tensor(context), torch.arange(len(context)), NoCache())[-1]
+    gap = top2_gap(penalized_logits(our_logits, params, ids, ours[:step]))
+    assert gap < NEAR_TIE, (f"outputs part at step {step} without a near tie (gap {gap}); "
+                            f"without the penalty the engine wrote {plain[0].outputs[0].token_ids[:step + 2]}")

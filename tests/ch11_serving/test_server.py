@@ -103,6 +103,23 @@ def test_n_and_seed_give_offline_samples_and_interleave_when_streamed(client, of
     assert [texts[i] for i in range(4)] == [c.text for c in plain.choices]
 
 
+def test_penalties_and_logit_bias_give_offline_tokens_in_vllms_dialect(client, offline):
+    """presence/frequency (OpenAI's), repetition (vLLM's extra field) and logit_bias with string keys,
+    through the official client, equal the same SamplingParams offline; the bias really steers."""
+    bias = {"5": 8.0, "9": 8.0, "12": 8.0}  # pushed up, then pushed down as each repeats
+    params = dict(temperature=0.0, max_tokens=12, presence_penalty=0.2, frequency_penalty=0.3)
+    out = client.completions.create(model="tiny", prompt=PROMPTS[0], logit_bias=bias, **params,
+                                    extra_body={"repetition_penalty": 1.1, "ignore_eos": True})
+    expected = offline.generate(PROMPTS[0], SamplingParams(repetition_penalty=1.1, ignore_eos=True,
+                                                           logit_bias={int(k): v for k, v in bias.items()}, **params),
+                                use_tqdm=False)[0].outputs[0]
+    assert out.choices[0].text == expected.text
+    assert set(expected.token_ids) == {5, 9, 12}
+    chat = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}],
+                                          logit_bias={"7": 100.0}, max_tokens=3)
+    assert chat.choices[0].message.content == offline.tokenizer.decode([7, 7, 7])
+
+
 def test_logprobs_match_the_engine(client, offline):
     out = client.completions.create(model="tiny", prompt=PROMPTS[2], temperature=0, max_tokens=8, logprobs=3)
     expected = offline.generate(PROMPTS[2], SamplingParams(temperature=0, max_tokens=8, logprobs=3),
@@ -146,14 +163,18 @@ def test_usage_reports_prefix_cache_hits(client):
     ({"prompt": ""}, "prompt", "empty"),
     ({"prompt": [1, 2, 999999]}, "prompt", "vocabulary"),
     ({"prompt": "x" * 600}, "prompt", "max_model_len"),
-    ({"presence_penalty": 0.5}, "presence_penalty", "not supported"),
+    ({"presence_penalty": 2.5}, "presence_penalty", "[-2, 2]"),
+    ({"frequency_penalty": -3.0}, "frequency_penalty", "[-2, 2]"),
+    ({"repetition_penalty": 0.0}, "repetition_penalty", "> 0"),
+    ({"logit_bias": {"abc": 1.0}}, "logit_bias", "token ids"),
+    ({"logit_bias": {"999999": 1.0}}, "logit_bias", "[0, 259)"),
     ({"stream_options": {"include_usage": True}}, "stream_options", "stream=true"),
     ({"stop_token_ids": [10**6]}, "stop_token_ids", "[0, 259)"),
     ({"seed": -5}, "seed", "greater than or equal to 0"),
 ])
 def test_a_bad_field_is_a_400_naming_it(client, fields, param, words):
     body = {"model": "tiny", "prompt": "hi", **fields}
-    extra = {k: body.pop(k) for k in ("stop_token_ids", "presence_penalty") if k in body}
+    extra = {k: body.pop(k) for k in ("stop_token_ids", "repetition_penalty") if k in body}
     with pytest.raises(openai.BadRequestError) as e:
         client.completions.create(**body, extra_body=extra)
     error = e.value.body

@@ -25,7 +25,9 @@ FIELDS = {
     "ignore_eos": st.one_of(st.booleans(), ODD),
     "stop_token_ids": st.one_of(st.lists(st.integers(0, 300), max_size=2), ODD),
     "stream": st.one_of(st.booleans(), ODD),
-    "presence_penalty": st.one_of(st.just(0), ODD),
+    "presence_penalty": st.one_of(st.just(0), st.floats(-3, 3), ODD),
+    "logit_bias": st.one_of(st.dictionaries(st.sampled_from(["1", "258", "259", "x", "-1"]), st.floats(-200, 200),
+                                            max_size=2), ODD),
     "model": st.one_of(st.just("tiny"), st.just("other"), ODD),
 }
 PROMPTS = st.one_of(st.text(max_size=12), st.lists(st.text(max_size=6), max_size=3),

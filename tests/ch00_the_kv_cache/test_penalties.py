@@ -1,0 +1,175 @@
+"""Penalties and logit bias (minipaged/sampling.py), with vLLM's meanings: each checked against a
+straightforward loop over the vocabulary written here, the repetition penalty also against HF
+Transformers' own processor, and the whole engine's choices against the same rule applied by hand.
+Then they compose: n, seeds, prefix caching, chunked prefill and speculation change no token."""
+
+import math
+
+import pytest
+import torch
+
+from minipaged import LLM, SamplingParams
+from minipaged.sampling import penalized_logits
+
+
+def naive_penalties(logits, prompt, output, presence=0.0, frequency=0.0, repetition=1.0, bias=None):
+    """The definitions, one token at a time."""
+    out = [float(x) for x in logits]
+    for t, b in (bias or {}).items():
+        out[t] += max(-100.0, min(100.0, b))
+    for t in range(len(out)):
+        if t in prompt or t in output:
+            out[t] = out[t] / repetition if out[t] > 0 else out[t] * repetition
+        out[t] -= frequency * output.count(t) + presence * (1 if t in output else 0)
+    return torch.tensor(out)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_each_rule_equals_its_definition(seed):
+    g = torch.Generator().manual_seed(seed)
+    vocab = 40
+    logits = torch.randn(vocab, generator=g) * 3
+    prompt = torch.randint(0, vocab, (7,), generator=g).tolist()
+    output = torch.randint(0, vocab, (12,), generator=g).tolist()  # repeats: counts above 1
+    kw = dict(presence=[0.0, 0.7, -1.5][seed % 3], frequency=[0.4, 0.0, 2.0][seed % 3],
+              repetition=[1.0, 1.3, 0.6][seed % 3], bias={3: 2.5, 11: -250.0} if seed % 2 else None)
+    params = SamplingParams(presence_penalty=kw["presence"], frequency_penalty=kw["frequency"],
+                            repetition_penalty=kw["repetition"], logit_bias=kw["bias"])
+    ours = penalized_logits(logits, params, prompt, output)
+    assert torch.allclose(ours, naive_penalties(logits, prompt, output, **kw), atol=1e-5)
+    assert torch.equal(logits, logits.clone())  # the input row is left alone
+
+
+def test_repetition_penalty_equals_hf_transformers_processor():
+    transformers = pytest.importorskip("transformers", reason="HF Transformers is the oracle here")
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(1, 50, generator=g) * 4
+    history = torch.randint(0, 50, (1, 20), generator=g)  # HF sees prompt and output as one sequence
+    theirs = transformers.RepetitionPenaltyLogitsProcessor(1.7)(history, logits.clone())
+    ids = history[0].tolist()
+    ours = penalized_logits(logits[0], SamplingParams(repetition_penalty=1.7), ids[:8], ids[8:])
+    assert torch.allclose(ours, theirs[0], atol=1e-6)
+
+
+def test_presence_and_frequency_ignore_the_prompt_repetition_does_not():
+    logits = torch.full((10,), 2.0)
+    prompt, output = [1, 1, 2], [2, 3, 3]
+    freq = penalized_logits(logits, SamplingParams(frequency_penalty=0.5), prompt, output)
+    assert freq.tolist() == [2.0, 2.0, 1.5, 1.0] + [2.0] * 6  # token 1 is only in the prompt
+    pres = penalized_logits(logits, SamplingParams(presence_penalty=0.5), prompt, output)
+    assert pres.tolist() == [2.0, 2.0, 1.5, 1.5] + [2.0] * 6
+    rep = penalized_logits(torch.tensor([2.0, 2.0, -2.0, 2.0, 2.0]), SamplingParams(repetition_penalty=2.0),
+                           prompt, output)
+    assert rep.tolist() == [2.0, 1.0, -4.0, 1.0, 2.0]  # positive divided, negative multiplied
+
+
+@pytest.mark.parametrize("field,value", [
+    ("presence_penalty", 2.5), ("presence_penalty", float("nan")), ("presence_penalty", "high"),
+    ("frequency_penalty", -2.01), ("frequency_penalty", True), ("repetition_penalty", 0),
+    ("repetition_penalty", -1.0), ("repetition_penalty", float("inf")), ("logit_bias", [1, 2]),
+    ("logit_bias", {"x": 1.0}), ("logit_bias", {-1: 1.0}), ("logit_bias", {3: float("nan")}),
+    ("logit_bias", {3: "up"}),
+])
+def test_bad_values_name_the_field(field, value):
+    with pytest.raises(ValueError, match=f"SamplingParams.{field}=.*not allowed"):
+        SamplingParams(**{field: value})
+
+
+def test_logit_bias_is_clamped_like_vllm_and_checked_against_the_vocabulary(tiny_llm):
+    assert SamplingParams(logit_bias={"7": 300, 9: -1e6}).logit_bias == {7: 100.0, 9: -100.0}
+    vocab = tiny_llm.model.config.vocab_size
+    with pytest.raises(ValueError, match="logit_bias"):
+        tiny_llm.generate(["hi"], SamplingParams(logit_bias={vocab: 1.0}), use_tqdm=False)
+    tiny_llm.engine.check_invariants(idle=True)  # refused before any block was taken
+
+
+# ---------------------------------------------------------------- the engine chooses by the same rule
+
+def engine_tokens(llm, prompts, params, **kw):
+    outs = llm.generate(prompts, params, use_tqdm=False, **kw)
+    return [[c.token_ids for c in o.outputs] for o in outs]
+
+
+# Tokens 5, 9 and 12 are pushed up by the bias, and each one written is pushed down by the penalties
+# until the others are ahead: the output cycles through them in an order set by its own history at
+# every step (a penalty applied to the wrong history changes the tokens), and the cycle gives the
+# n-gram proposer of chapter 09 drafts to get right.
+PUSHED = dict(logit_bias={5: 8.0, 9: 8.0, 12: 8.0}, frequency_penalty=0.3, presence_penalty=0.2,
+              repetition_penalty=1.1)
+
+
+def by_hand_greedy(llm, prompt_ids, params, steps):
+    """Greedy decoding with the penalties applied here, from the full model's logits each step."""
+    from minipaged.kv.per_request import NoCache
+
+    out = []
+    for _ in range(steps):
+        ids = prompt_ids + out
+        logits = llm.model(torch.tensor(ids), torch.arange(len(ids)), NoCache())[-1]
+        out.append(int(naive_penalties(logits, prompt_ids, out, presence=params.presence_penalty,
+                                       frequency=params.frequency_penalty,
+                                       repetition=params.repetition_penalty,
+                                       bias=params.logit_bias).argmax()))
+    return out
+
+
+def test_greedy_engine_equals_penalties_by_hand(tiny_llm):
+    params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True, **PUSHED)
+    prompt = tiny_llm.tokenizer.encode("a b c d e f")
+    ours = engine_tokens(tiny_llm, [prompt], params)[0][0]
+    assert ours == by_hand_greedy(tiny_llm, prompt, params, 20)
+    plain = engine_tokens(tiny_llm, [prompt], SamplingParams(temperature=0, max_tokens=20, ignore_eos=True))[0][0]
+    assert ours != plain and ours.count(5) >= 2  # the penalties did something, and the bias did too
+
+
+@pytest.fixture(scope="module")
+def engines():
+    """The same tiny model under every feature the penalties must compose with."""
+    common = dict(progress=False, max_model_len=256)
+    return {
+        "plain": LLM("tiny", enable_prefix_caching=False, **common),
+        "prefix": LLM("tiny", enable_prefix_caching=True, **common),
+        "chunked": LLM("tiny", enable_chunked_prefill=True, max_num_batched_tokens=8, max_num_seqs=8, **common),
+        "spec": LLM("tiny", speculative_config={"method": "ngram", "num_speculative_tokens": 3,
+                                                "prompt_lookup_max": 2, "prompt_lookup_min": 1}, **common),
+    }
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_penalties_compose_with_every_engine_feature(engines, temperature):
+    shared = "one two three four five six seven eight nine ten eleven twelve " * 2
+    prompts = [shared + "alpha", shared + "beta", "short one"]
+    # the first prompt's 3 samples share its blocks; the others run alone, so they get drafts (chapter 09)
+    params = [SamplingParams(temperature=temperature, seed=11 + i, n=n, max_tokens=24, ignore_eos=True, **PUSHED)
+              for i, n in enumerate((3, 1, 1))]
+    want = engine_tokens(engines["plain"], prompts, params)
+    for name in ("prefix", "chunked", "spec"):
+        assert engine_tokens(engines[name], prompts, params) == want, name
+    again = engine_tokens(engines["prefix"], prompts, params)  # now the shared prefix is a cache hit
+    assert again == want
+    assert engines["prefix"].engine.policy.stats["hit_tokens"] > 0
+    assert engines["spec"].engine.stats["spec_accepted_tokens"] > 0, "no draft accepted: speculation not exercised"
+    for llm in engines.values():
+        llm.engine.check_invariants(idle=True)
+    # each of the n samples penalizes its own history: with sampling they part, greedy they agree
+    assert (len({tuple(s) for s in want[0]}) > 1) == (temperature > 0)
+
+
+def test_seeded_sampling_with_penalties_repeats_alone_or_in_a_batch(tiny_llm):
+    params = SamplingParams(temperature=1.0, seed=4, max_tokens=16, ignore_eos=True, **PUSHED)
+    alone = engine_tokens(tiny_llm, ["x y z"], params)[0][0]
+    crowd = engine_tokens(tiny_llm, ["other prompt", "x y z", "more"],
+                          [SamplingParams(temperature=1.0, max_tokens=9), params,
+                           SamplingParams(temperature=0.5, max_tokens=20, presence_penalty=1.0)])[1][0]
+    assert alone == crowd
+
+
+def test_logprobs_stay_the_raw_models(tiny_llm):
+    prompt = tiny_llm.tokenizer.encode("p q r")
+    base = SamplingParams(temperature=0, max_tokens=1, logprobs=3)
+    raw = tiny_llm.generate([prompt], base, use_tqdm=False)[0].outputs[0].logprobs[0]
+    pushed = tiny_llm.generate([prompt], SamplingParams(temperature=0, max_tokens=1, logprobs=3,
+                                                        logit_bias={5: 100.0}), use_tqdm=False)[0].outputs[0]
+    assert pushed.token_ids == [5]
+    for token, lp in raw.items():
+        assert math.isclose(pushed.logprobs[0][token], lp, abs_tol=1e-6)

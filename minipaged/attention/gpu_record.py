@@ -11,7 +11,8 @@ first run's older layout is adapted), keeps what the chapter quotes, and prints 
 (``== name ==`` lines) that the chapter shows with ``<!-- record: gpu_check part=NAME -->``. The record
 has the usual keys (command, commit, date, machine, stdout, results); ``results`` holds the versions,
 the checks, the end-to-end comparison, the grid, the partition sweeps, the ceilings, Nsight Compute's
-figures and ``target``, the auto choice at SmolLM2, batch 64, 2,048 cached tokens, fp16.
+figures, ``target``, the auto choice at SmolLM2, batch 64, 2,048 cached tokens, fp16, and ``llama8b``,
+the same at one Llama-3-8B layer (None when the run did not time it).
 
 The kernels are whatever the benchmark timed: every key of a grid row's ``us`` (``numba`` is the
 backend's own choice, ``numba_v1``, ``numba_v2``, ... a kernel forced), so a new kernel needs no change
@@ -33,6 +34,7 @@ CHAPTER = ROOT / "chapters" / "10_paged-attention-kernel"
 RECORD = CHAPTER / "results" / "gpu_check.json"
 PLOT = CHAPTER / "gpu_roofline.png"
 TARGET = ("smollm2", 64, 2048)
+LLAMA_LAYER = ("llama8b", 64, 2048)  # the chapter's second prediction: one Llama-3-8B layer
 COMMAND = "scripts/gpu_check.sh"
 
 
@@ -89,6 +91,28 @@ def _ncu(launches: list[dict]) -> dict | None:
     return out
 
 
+def _at(key: tuple, rows: list[dict], ceilings: dict | None) -> dict | None:
+    """The auto choice at one (shape, batch, context) of the grid, beside its paged-read ceiling
+    (None if the benchmark did not time that shape)."""
+    head = next((r for r in rows if (r["shape"], r["batch"], r["context"]) == key), None)
+    if head is None:
+        return None
+    ceiling = next((p for p in (ceilings or {}).get("paged_read", [])
+                    if (p["shape"], p["batch"], p["context"]) == key), None)
+    frac = head["fraction_of_peak"]["numba"]
+    return {
+        "shape": {"model": key[0], "num_heads": head.get("num_heads"), "num_kv_heads": head.get("num_kv_heads"),
+                  "head_dim": head.get("head_dim"), "batch": head["batch"], "context": head["context"],
+                  "dtype": head.get("dtype", "float16"), "bytes": head["bytes"]},
+        "kernel": head["auto_kernel"], "partitions": head["auto_partitions"], "us": head["us"]["numba"],
+        "bandwidth_fraction": frac, "speedup_vs_reference": head["speedup_vs_reference"],
+        "us_by_kernel": head["us"], "fraction_by_kernel": head["fraction_of_peak"],
+        "host_us_per_call": head.get("host_us_per_call_numba"),
+        "paged_read_ceiling_fraction": ceiling["fraction_of_peak"] if ceiling else None,
+        "fraction_of_paged_read_ceiling": frac / ceiling["fraction_of_peak"] if ceiling else None,
+    }
+
+
 def build_results(run: dict) -> dict:
     env = run["env"]
     rows, sweeps, source = _grid(run["bench"], run["bench_quick"])
@@ -97,29 +121,14 @@ def build_results(run: dict) -> dict:
 
     peaks = device_peaks(env.get("device") or "")
     kernels = kernel_names(rows)
-    head = next((r for r in rows if (r["shape"], r["batch"], r["context"]) == TARGET), None)
-    if head is None:
+    if not any((r["shape"], r["batch"], r["context"]) == TARGET for r in rows):
         raise ValueError(f"the benchmark did not time the target shape {TARGET}")
     ceilings = _ceilings(run["ceilings"], peak)
-    target_ceiling = next((p for p in (ceilings or {}).get("paged_read", [])
-                           if (p["shape"], p["batch"], p["context"]) == TARGET), None)
     check = run["check"] or []
     # host time per call where the host is the bottleneck (it then measures the launch cost, not the GPU)
     hosts = [r["host_us_per_call_numba"] for r in rows
              if r.get("host_us_per_call_numba", 0) > 1.2 * r["us"]["numba"]]
-    target = {
-        "shape": {"model": "smollm2", "num_heads": head.get("num_heads"), "num_kv_heads": head.get("num_kv_heads"),
-                  "head_dim": head.get("head_dim"), "batch": head["batch"], "context": head["context"],
-                  "dtype": head.get("dtype", "float16"), "bytes": head["bytes"]},
-        "kernel": head["auto_kernel"], "partitions": head["auto_partitions"], "us": head["us"]["numba"],
-        "bandwidth_fraction": head["fraction_of_peak"]["numba"],
-        "speedup_vs_reference": head["speedup_vs_reference"],
-        "us_by_kernel": head["us"], "fraction_by_kernel": head["fraction_of_peak"],
-        "host_us_per_call": head.get("host_us_per_call_numba"),
-        "paged_read_ceiling_fraction": target_ceiling["fraction_of_peak"] if target_ceiling else None,
-        "fraction_of_paged_read_ceiling": (head["fraction_of_peak"]["numba"] / target_ceiling["fraction_of_peak"]
-                                           if target_ceiling else None),
-    }
+    target, llama = _at(TARGET, rows, ceilings), _at(LLAMA_LAYER, rows, ceilings)
     return _r({
         "device": env.get("device"), "driver": env.get("driver"), "cuda": env.get("cuda"),
         "torch": env.get("torch"), "numba": env.get("numba"), "numba_cuda": env.get("numba_cuda"),
@@ -141,6 +150,7 @@ def build_results(run: dict) -> dict:
         "host_us_per_call": ({"min": min(hosts), "max": max(hosts), "host_bound_shapes": len(hosts),
                               "shapes": len(rows)} if hosts else None),
         "target": target,
+        "llama8b": llama,
         "adapted_from": run.get("adapted_from"),
     })
 
@@ -162,6 +172,12 @@ def report(res: dict) -> str:
         out.append(f"  {_label(k):6} {t['us_by_kernel'][k]:>10,.1f} us  " + (f"{frac:6.1%} of peak" if frac else ""))
     out.append(f"  auto = {t['kernel']}" + (f" with {t['partitions']} partitions" if t["partitions"] > 1 else "")
                + f": {t['speedup_vs_reference']:.1f}x the reference; host time {t['host_us_per_call']:,.0f} us a call")
+    if res.get("llama8b"):
+        m = res["llama8b"]
+        ceiling = (f", {m['fraction_of_paged_read_ceiling']:.0%} of the paged-read ceiling"
+                   if m["fraction_of_paged_read_ceiling"] else "")
+        out.append(f"  Llama-3-8B layer, batch 64, 2,048 tokens: auto = {m['kernel']} {m['us']:,.1f} us, "
+                   f"{m['bandwidth_fraction']:.1%} of peak{ceiling}")
     head = f"{'shape':8} {'batch':>5} {'ctx':>5} {'auto':>5} " + " ".join(f"{_label(k) + ' us':>9} {'%':>5}"
                                                                         for k in kernels if k != "reference")
     out += ["== grid ==", head + f" {'ref us':>9} {'host us':>7}"]

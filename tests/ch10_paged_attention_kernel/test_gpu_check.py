@@ -47,7 +47,7 @@ def make_run(folder: Path, packed=False) -> Path:
            "device": "NVIDIA H200", "sms": 132, "driver": "580.1", "cuda": "13.0", "torch": "2.11.0",
            "numba": "0.68.0", "numba_cuda": "0.30.4", "python": "3.12.3", "cpu": "x86_64", "cores": 16}
     bench = {"device": "NVIDIA H200", "peak_gbps": 4800, "sms": 132,
-             "rows": [_row("smollm2", 64, 2048), _row("smollm2", 1, 512, 0.2)],
+             "rows": [_row("smollm2", 64, 2048), _row("smollm2", 1, 512, 0.2), _row("llama8b", 64, 2048, 2.0)],
              "partition_sweeps": [{"shape": "smollm2", "batch": 64, "context": 2048,
                                    "us_by_partitions": {"1": 700.0, "2": 260.0}, "fraction_of_peak": {}}]}
     flat = {"bytes": 2**31, "torch_copy_gbps": 4200.0, "read_gbps": {"2": 1300.0, "4": 3900.0, "8": 4150.0}}
@@ -87,6 +87,10 @@ def test_the_record_has_the_keys_the_chapter_and_outside_checks_read(tmp_path, p
     assert t["bandwidth_fraction"] == pytest.approx(t["shape"]["bytes"] / 250e3 / 4800, rel=1e-3)
     assert t["speedup_vs_reference"] == pytest.approx(80.0)
     assert t["fraction_of_paged_read_ceiling"] == pytest.approx(t["bandwidth_fraction"] / 0.466, rel=1e-3)
+    llama = res["llama8b"]  # the chapter's second prediction, from its own row of the grid
+    assert llama["shape"]["model"] == "llama8b" and llama["us"] == pytest.approx(500.0)
+    assert llama["fraction_of_paged_read_ceiling"] is None  # the ceilings did not read that shape here
+    assert "Llama-3-8B layer" in records.stdout_part(record["stdout"].splitlines(), "target")[-1]
     assert res["pytest"] == {"passed": 150, "skipped": 2}
     assert res["ncu"]["paged_attention_v1"]["registers"] == 127
     assert [s["name"] for s in res["steps"]] == ["env", "bench"] and res["steps"][1]["verdict"] == "skipped"
@@ -107,7 +111,7 @@ def test_the_report_is_cut_into_the_parts_the_chapter_shows(tmp_path):
     for part in ("target", "grid", "sweeps", "ceilings", "ncu", "checks"):
         assert records.stdout_part(lines, part), part
     grid = records.stdout_part(lines, "grid")
-    assert len(grid) == 1 + 2 and grid[0].split()[:4] == ["shape", "batch", "ctx", "auto"]
+    assert len(grid) == 1 + 3 and grid[0].split()[:4] == ["shape", "batch", "ctx", "auto"]
 
 
 def test_assemble_writes_the_record_and_says_what_is_missing(tmp_path, capsys):

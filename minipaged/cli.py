@@ -37,6 +37,12 @@ def _add_sampling_options(p, max_tokens_default):
     p.add_argument("--stop", action="append", default=None,
                    help="a string that ends the output; repeat the option for several")
     p.add_argument("--ignore-eos", action="store_true", help="keep generating past the end-of-text token")
+    p.add_argument("--repetition-penalty", type=float, default=1.0,
+                   help="> 1 makes every token of the prompt and output less likely; 1 is off (default)")
+    p.add_argument("--presence-penalty", type=float, default=0.0,
+                   help="in [-2, 2]: lowers each token already in the output once (default: 0)")
+    p.add_argument("--frequency-penalty", type=float, default=0.0,
+                   help="in [-2, 2]: lowers each token once per time it is already in the output (default: 0)")
     p.add_argument("--json", action="store_true", help="print the outputs as JSON")
 
 
@@ -45,7 +51,8 @@ def _sampling_params(args):
 
     return SamplingParams(n=args.n, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                           seed=args.seed, stop=args.stop, max_tokens=args.max_tokens,
-                          ignore_eos=args.ignore_eos)
+                          ignore_eos=args.ignore_eos, repetition_penalty=args.repetition_penalty,
+                          presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty)
 
 
 def _print_outputs(outputs, as_json):

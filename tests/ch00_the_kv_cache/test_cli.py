@@ -49,3 +49,17 @@ def test_bad_input_is_an_error_message_not_a_traceback(capsys):
 def test_chat_command_real_model():
     r = run_cli("chat", "What is the capital of France?", "--max-tokens", "20")
     assert r.returncode == 0 and "Paris" in r.stdout
+
+
+def test_penalty_options_reach_sampling(capsys):
+    from minipaged import LLM, SamplingParams
+
+    argv = ["generate", "--model", "tiny", "--max-tokens", "6", "--ignore-eos", "--json", "hello there"]
+    assert main(argv + ["--repetition-penalty", "1.5", "--presence-penalty", "1", "--frequency-penalty", "0.5"]) == 0
+    got = json.loads(capsys.readouterr().out)[0]["outputs"][0]["token_ids"]
+    want = LLM("tiny", progress=False).generate(["hello there"], SamplingParams(
+        temperature=0, max_tokens=6, ignore_eos=True, repetition_penalty=1.5, presence_penalty=1.0,
+        frequency_penalty=0.5), use_tqdm=False)[0].outputs[0].token_ids
+    assert got == want
+    assert main(["generate", "--model", "tiny", "--presence-penalty", "3", "hello"]) == 2
+    assert "SamplingParams.presence_penalty=3.0" in capsys.readouterr().err

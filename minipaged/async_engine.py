@@ -43,7 +43,8 @@ the thread where each happens, at:
     "got"         generate took that output off the request's queue                (event loop)
 
 It only observes: chapter 11's figure of a server run draws it (plots/explain_serving.py). It must
-be quick and must not raise; it is never called with the lock held.
+be quick, must not raise and must not call the engine ("queued" is called with the engine's lock
+held, so that it always comes before "added").
 
 Not handled yet: several engine processes, back-pressure (a bounded number of waiting requests),
 priorities.
@@ -136,7 +137,7 @@ class AsyncLLMEngine:
                 raise ValueError(f"request_id={request_id!r} is already running; give each request its own id")
             self._queues[request_id] = (loop, queue)
             self._adds.append((request_id, prompt, sampling_params))
-        self._trace("queued", request_id)
+            self._trace("queued", request_id)  # under the lock: before the thread can take it
         self._wake.set()
         finished = False
         try:

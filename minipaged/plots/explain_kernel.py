@@ -130,8 +130,8 @@ def plot_kernel_grid(trace: KernelTrace, path: str | None = None, title: str | N
 
     S, H, Z = trace.grid
     T, P, bs = trace.plan.partition_tokens, trace.plan.num_partitions, trace.block_size
-    fig = Figure(figsize=(12, 4.6))
-    ax, bx = fig.subplots(1, 2, gridspec_kw={"width_ratios": [1, 1.5], "wspace": 0.08})
+    fig = Figure(figsize=(10, 4.4))
+    ax, bx = fig.subplots(1, 2, gridspec_kw={"width_ratios": [1, 1.5], "wspace": 0.2})
     # the grid
     for s in range(S):
         for h in range(H):
@@ -142,7 +142,7 @@ def plot_kernel_grid(trace: KernelTrace, path: str | None = None, title: str | N
                 ax.add_patch(Rectangle((x, y), 1, 1, facecolor="#eeeeee" if empty else PART_COLORS[z % 4],
                                        alpha=0.85, edgecolor="#212121"))
                 label = "no keys" if empty else f"keys\n{keys[0]}-{keys[1] - 1}"
-                ax.text(x + 0.5, y + 0.5, f"({s},{h},{z})\n{label}", ha="center", va="center", fontsize=7,
+                ax.text(x + 0.5, y + 0.5, f"({s},{h},{z})\n{label}", ha="center", va="center", fontsize=8,
                         color="black" if empty else "white")
         ax.text(-0.15, -s * 1.5 + 0.5, f"seq {s}\n{trace.context_lens[s]} keys", ha="right", va="center",
                 fontsize=8)
@@ -151,8 +151,8 @@ def plot_kernel_grid(trace: KernelTrace, path: str | None = None, title: str | N
     ax.set_xlim(-1.3, H * (Z * 1.1 + 0.5))
     ax.set_ylim(-S * 1.5 + 0.3, 1.6)
     ax.axis("off")
-    ax.set_title(f"grid = (sequences, KV heads, partitions) = {trace.grid}\n"
-                 f"{P} partitions of {T} keys (plan_launch, kernel v2)", fontsize=9)
+    ax.set_title(f"grid (sequences, KV heads, partitions) = {trace.grid}\n"
+                 f"plan_launch: {P} partitions of {T} keys", fontsize=9)
     # the walk over sequence 0's block table
     ctx = trace.context_lens[0]
     table = trace.block_tables[0]
@@ -165,11 +165,11 @@ def plot_kernel_grid(trace: KernelTrace, path: str | None = None, title: str | N
         bx.add_patch(Rectangle((x, 0), 1, 1, facecolor=PART_COLORS[part % 4], alpha=0.35 + 0.3 * (tile % 2),
                                edgecolor="#212121"))
         bx.text(x + 0.5, 0.5, f"{table[b]}", ha="center", va="center", fontsize=9, fontweight="bold")
-        bx.text(x + 0.5, 1.1, f"{b}", ha="center", va="bottom", fontsize=7, color="#616161")
+        bx.text(x + 0.5, 1.1, f"{b}", ha="center", va="bottom", fontsize=8, color="#616161")
         used = min(bs, ctx - start)
-        bx.text(x + 0.5, -0.12, f"{used}/{bs}", ha="center", va="top", fontsize=6, color="#616161")
-    bx.text(-0.1, 1.1, "logical", ha="right", va="bottom", fontsize=7, color="#616161")
-    bx.text(-0.1, 0.5, "physical", ha="right", va="center", fontsize=7)
+        bx.text(x + 0.5, -0.12, f"{used}/{bs}", ha="center", va="top", fontsize=7, color="#616161")
+    bx.text(-0.1, 1.1, "logical", ha="right", va="bottom", fontsize=8, color="#616161")
+    bx.text(-0.1, 0.5, "physical", ha="right", va="center", fontsize=8)
     per_tile = trace.tile_tokens // bs
     for i, step in enumerate(s for s in trace.steps):
         b0, b1 = step["start"] // bs, -(-step["end"] // bs)
@@ -177,14 +177,13 @@ def plot_kernel_grid(trace: KernelTrace, path: str | None = None, title: str | N
         y = -0.75 - 0.0 * i
         bx.add_patch(FancyArrowPatch((x0, y), (x1, y), arrowstyle="<->", mutation_scale=8,
                                      color=PART_COLORS[step["partition"] % 4]))
-        bx.text((x0 + x1) / 2, y - 0.12, f"block (0,0,{step['partition']})\nstep {i - first_step(trace, step)}: "
-                f"keys {step['start']}-{step['end'] - 1}", ha="center", va="top", fontsize=7)
+        bx.text((x0 + x1) / 2, y - 0.12, f"block (0,0,{step['partition']})\nstep {i - first_step(trace, step)}:\n"
+                f"keys {step['start']}-{step['end'] - 1}", ha="center", va="top", fontsize=8)
     bx.set_xlim(-1.4, n_logical * 1.15)
-    bx.set_ylim(-1.9, 1.6)
+    bx.set_ylim(-2.1, 1.6)
     bx.axis("off")
-    bx.set_title(f"sequence 0's block table: each step stages one tile of {trace.tile_tokens} keys "
-                 f"({per_tile} blocks of {bs}) in shared memory,\nreading the table once per block; "
-                 "partition p's thread block walks only its own tiles", fontsize=9)
+    bx.set_title(f"sequence 0's block table; each step stages one tile of\n{trace.tile_tokens} keys "
+                 f"({per_tile} blocks of {bs}) in shared memory", fontsize=9)
     fig.suptitle(title or "The paged attention kernel (v2): who reads which keys", fontsize=11, y=1.06)
     return save(fig, path)
 
@@ -198,8 +197,8 @@ def plot_online_softmax(trace: KernelTrace, path: str | None = None, title: str 
     """Scores tile by tile with the running max m; the running sum l; the merge of the partitions."""
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(12, 4.4))
-    ax, lx, mx = fig.subplots(1, 3, gridspec_kw={"width_ratios": [1.6, 1.1, 1.2], "wspace": 0.35})
+    fig = Figure(figsize=(11, 4.6))
+    ax, lx, mx = fig.subplots(1, 3, gridspec_kw={"width_ratios": [1.5, 1.2, 1.1], "wspace": 0.35})
     keys = np.arange(len(trace.scores))
     for step in trace.steps:
         c = PART_COLORS[step["partition"] % 4]
@@ -214,9 +213,9 @@ def plot_online_softmax(trace: KernelTrace, path: str | None = None, title: str 
     xs = np.arange(len(trace.steps))
     lx.bar(xs, [s["l"] for s in trace.steps], color=[PART_COLORS[s["partition"] % 4] for s in trace.steps])
     for x, s in zip(xs, trace.steps):
-        lx.text(x, s["l"], f"l={s['l']:.2f}\nm={s['m']:.2f}\nalpha={s['alpha']:.2f}", ha="center", va="bottom",
-                fontsize=7)
-    lx.set_xticks(xs, labels, fontsize=7, rotation=20)
+        lx.text(x, s["l"], f"l={s['l']:.2f}\nm={s['m']:.2f}\nα={s['alpha']:.2f}", ha="center", va="bottom",
+                fontsize=8)
+    lx.set_xticks(xs, labels, fontsize=8, rotation=20)
     lx.set_ylim(0, max(s["l"] for s in trace.steps) * 1.45)
     lx.set_ylabel("running sum l = sum exp(score - m)")
     lx.set_title("after each tile: l = l * alpha + tile's sum,\nalpha = exp(old m - new m) (0 on a "
@@ -232,8 +231,7 @@ def plot_online_softmax(trace: KernelTrace, path: str | None = None, title: str 
             + f"sum exp(s - max) {trace.plain_softmax_sum:.3f}\n\n"
             + "out = sum w_p o_p / sum w_p\n"
             + f"max |out - reference| = {err:.1e}")
-    mx.text(0.0, 0.95, text, ha="left", va="top", fontsize=7.5, family="monospace", transform=mx.transAxes,
-            wrap=True)
+    mx.text(-0.05, 1.0, text, ha="left", va="top", fontsize=8.5, family="monospace", transform=mx.transAxes)
     mx.axis("off")
     fig.suptitle(title or "Online softmax, one query row (sequence 0, head 0): tile by tile, then partitions "
                           "merged", fontsize=11, y=1.06)

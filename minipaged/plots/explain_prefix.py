@@ -104,7 +104,7 @@ def plot_hash_chain(trace: PrefixTrace, path: str | None = None, title: str | No
     color = {rid: palette[i % len(palette)] for i, rid in enumerate(trace.chains)}
     longest = max(len(c) for c in trace.chains.values())
     W, H, GAP = 3.0, 1.3, 1.0
-    fig = Figure(figsize=(min(12.0, 0.62 * longest * (W + GAP) + 2.2), 1.25 * len(trace.chains) + 2.2))
+    fig = Figure(figsize=(min(10.0, 0.5 * longest * (W + GAP) + 2.0), 1.3 * len(trace.chains) + 2.3))
     ax = fig.subplots()
     for r, (rid, chain) in enumerate(trace.chains.items()):
         y = -r * 2.2
@@ -117,10 +117,10 @@ def plot_hash_chain(trace: PrefixTrace, path: str | None = None, title: str | No
                                    edgecolor="#212121", lw=2.2 if b.hit else 0.8, ls="-" if b.hit or first else "--"))
             parent = "None" if b.key[0] is None else f"{b.key[0] % 65536:04x}"
             ax.text(x + W / 2, y + H * 0.72, f"block {b.block}" + ("  (hit)" if b.hit else ""), ha="center",
-                    va="center", fontsize=8, fontweight="bold", color="white" if first else "black")
+                    va="center", fontsize=9, fontweight="bold", color="white" if first else "black")
             ax.text(x + W / 2, y + H * 0.30, f"parent {parent}\ntokens {' '.join(map(str, b.tokens))}",
-                    ha="center", va="center", fontsize=7, color="white" if first else "black")
-            ax.text(x + W / 2, y - 0.12, f"hash {short_hash(b.key)}", ha="center", va="top", fontsize=7,
+                    ha="center", va="center", fontsize=8.5, color="white" if first else "black")
+            ax.text(x + W / 2, y - 0.12, f"hash {short_hash(b.key)}", ha="center", va="top", fontsize=8.5,
                     family="monospace")
             if b.index > 0:
                 ax.add_patch(FancyArrowPatch((x - GAP, y + H / 2), (x, y + H / 2), arrowstyle="-|>",
@@ -133,17 +133,17 @@ def plot_hash_chain(trace: PrefixTrace, path: str | None = None, title: str | No
         ax.add_patch(Rectangle((x, y), W * 0.62, H, facecolor=color.get(owners.get(block), "#9e9e9e"), alpha=0.5,
                                edgecolor="#212121"))
         ax.text(x + W * 0.31, y + H / 2, f"block {block}\nhash {short_hash(trace.lru_keys[block])}", ha="center",
-                va="center", fontsize=7)
+                va="center", fontsize=8.5)
     ax.text(0, y - 0.2, f"evicted first  ->  evicted last      (and {trace.num_plain_free} plain free blocks, "
-                        "handed out before any of these)", ha="left", va="top", fontsize=8, color="#424242")
+                        "handed out before any of these)", ha="left", va="top", fontsize=9, color="#424242")
     ax.set_xlim(-0.3, max(longest * (W + GAP), len(trace.lru) * (W * 0.62 + 0.25)))
     ax.set_ylim(y - 1.0, H + 0.5)
     ax.axis("off")
     ax.set_title(title or f"Prefix caching: each full block's key is (hash of its parent's key, its "
-                          f"{trace.block_size} tokens)", fontsize=10)
+                          f"{trace.block_size} tokens)", fontsize=11)
     ax.legend(handles=[Patch(facecolor="#bdbdbd", edgecolor="#212121", lw=2.2, label="hit: found in the cache at "
                              "admission"),
                        Patch(facecolor="#bdbdbd", alpha=0.35, edgecolor="#212121", ls="--",
                              label="same block as the row above")],
-              loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=2, frameon=False, fontsize=8)
+              loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=2, frameon=False, fontsize=9)
     return save(fig, path)

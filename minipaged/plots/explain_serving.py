@@ -119,7 +119,7 @@ def plot_server_swimlanes(trace: ServerTrace, path: str | None = None, title: st
     from matplotlib.patches import Patch
 
     n = len(trace.requests)
-    fig = Figure(figsize=(11, 1.0 * n + 2.6))
+    fig = Figure(figsize=(10, 1.0 * n + 2.8))
     ax = fig.subplots()
     ms = 1000.0
     starts, ends = trace.times("step_start"), trace.times("step_end")
@@ -151,5 +151,5 @@ def plot_server_swimlanes(trace: ServerTrace, path: str | None = None, title: st
                           "step's outputs back", fontsize=10)
     handles = [Patch(facecolor="#90a4ae", label="engine step (forward pass)")]
     handles += [Line2D([], [], marker=m, color=c, ls="none", label=label) for m, c, label in EVENT_STYLE.values()]
-    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=3, frameon=False, fontsize=8)
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=2, frameon=False, fontsize=9)
     return save(fig, path)

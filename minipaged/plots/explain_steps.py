@@ -233,13 +233,14 @@ def plot_chunk_packing(trace: ChunkTrace, path: str | None = None, title: str | 
             ax.bar(s, tokens, bottom=bottom, width=0.8, color=color[rid], alpha=1.0 if kind == "decode" else 0.55,
                    edgecolor="white", hatch=hatch, lw=0.6)
             if tokens >= 3:
-                ax.text(s, bottom + tokens / 2, f"{rid}\n{tokens}", ha="center", va="center", fontsize=7,
+                ax.text(s, bottom + tokens / 2, f"{rid}\n{tokens}", ha="center", va="center", fontsize=8,
                         color="black" if kind != "decode" else "white")
             bottom += tokens
     ax.axhline(trace.budget, color="#c62828", ls="--", lw=1.2)
     ax.text(len(trace.steps) - 0.5, trace.budget + 0.3, f"token budget {trace.budget}", color="#c62828",
             ha="right", va="bottom", fontsize=9)
     ax.set_ylim(0, trace.budget * 1.3)
+    ax.yaxis.get_major_locator().set_params(integer=True)
     ax.set_xlim(-0.6, len(trace.steps) - 0.4)
     ax.set_xlabel("engine step")
     ax.set_ylabel("tokens computed in the step")
@@ -357,24 +358,24 @@ def plot_spec_rollback(trace: SpecTrace, path: str | None = None, title: str | N
                     kind = "token"
                 ax.add_patch(Rectangle((x0 + s, y), 1, 1, facecolor=colors[kind], edgecolor="white", lw=1.5))
                 if pos < frame.num_tokens:
-                    ax.text(x0 + s + 0.5, y + 0.5, str(pos), ha="center", va="center", fontsize=7,
+                    ax.text(x0 + s + 0.5, y + 0.5, str(pos), ha="center", va="center", fontsize=9,
                             color="white" if kind != "new" else "black")
             ax.add_patch(Rectangle((x0, y), bs, 1, fill=False, edgecolor="#424242", lw=1.2))
-            ax.text(x0 + bs / 2, y + 1.12, f"block {block}", ha="center", va="bottom", fontsize=8)
+            ax.text(x0 + bs / 2, y + 1.12, f"block {block}", ha="center", va="bottom", fontsize=9)
         if row == 1:
             for block in trace.freed_blocks:
                 b = frame.blocks.index(block)
                 ax.text(b * (bs + 0.6) + bs / 2, y - 0.15, "given back after verification", ha="center",
-                        va="top", fontsize=7, color="#c62828")
+                        va="top", fontsize=8, color="#c62828")
     ax.set_xlim(-0.2, width * (bs + 0.6))
     ax.set_ylim(-1.6 * (len(trace.frames) - 1) - 0.6, 1.7)
     ax.axis("off")
-    ax.set_title(title or f"Speculative decoding on a block table (blocks of {bs}): draft "
-                          f"{trace.draft}, emitted {trace.emitted}", fontsize=10)
+    ax.set_title(title or f"Speculative decoding on a block table (blocks of {bs}; cells are token positions)\n"
+                          f"draft {trace.draft}, emitted {trace.emitted}", fontsize=10)
     ax.legend(handles=[Patch(facecolor=colors["token"], label="token with K/V"),
                        Patch(facecolor=colors["new"], label="the step's own token"),
                        Patch(facecolor=colors["kept"], label="draft token, accepted"),
                        Patch(facecolor=colors["rejected"], label="draft token, rejected"),
                        Patch(facecolor=colors["empty"], edgecolor="#999999", label="free slot")],
-              loc="upper center", bbox_to_anchor=(0.5, -0.02), ncol=5, frameon=False, fontsize=8)
+              loc="upper center", bbox_to_anchor=(0.5, -0.02), ncol=3, frameon=False, fontsize=9)
     return save(fig, path)

@@ -7,6 +7,7 @@
     python docs/build.py --check-notebooks  # only execute the notebooks (for CI); fail on the first error
     python docs/build.py --force            # execute again even when nothing changed
     python docs/build.py --serve            # build, then serve the site on http://127.0.0.1:8000
+    python docs/build.py --skip-figures     # keep the committed figures of chapters 06-11 (see below)
 
 What goes where (everything generated lives under build/docs/, the site under site/):
 
@@ -19,6 +20,15 @@ What goes where (everything generated lives under build/docs/, the site under si
     minipaged/**/*.py              -> code/minipaged/**.py.md (the source, highlighted, line-numbered)
     any other repository file a page links to: a markdown page is included as is, a text file gets a
     code page, a folder gets a listing, anything else is copied.
+
+Figures. The explanatory figures of chapters 06-11 are drawn again at every build, by
+docs/figures_06_11.py (a few seconds: small seeded runs of the engine, the tiny model, the kernels in
+numba's simulator), into the assembled copy build/docs/src/chapters/NN_slug/, over the committed PNGs
+copied there. So the site always shows what the current code draws, and the build never changes a
+file of the repository; the committed copies, for reading the chapters on a forge, are refreshed by
+running the script by hand. A script that fails fails the build. The figures of chapters 00-05
+(docs/figures_01_04.py, docs/figures_05.py, the benchmarks' --plot-dir) take minutes or the real
+model, so the site shows their committed copies.
 
 Links are written for reading the repository on disk or on a forge (README.md -> chapters/NN_slug/
 README.md -> ../../notebooks/NN_slug.ipynb -> ../../minipaged/kv/per_request.py#L20); the build
@@ -52,6 +62,7 @@ PAGES = ROOT / "docs" / "pages"
 FIRST_PAGE = "about.md"  # "How to use this course": first in the navigation
 STYLESHEETS = ROOT / "docs" / "stylesheets"  # copied to the site as stylesheets/ (see extra_css in mkdocs.yml)
 KERNEL_NAME = "minipaged-docs"
+FIGURE_SCRIPTS = [ROOT / "docs" / "figures_06_11.py"]  # each takes --out-dir; run at every build (see above)
 
 NUMBERED = re.compile(r"^(\d+)_(.+)$")
 SKIP_PARTS = {"__pycache__", ".ipynb_checkpoints", ".pytest_cache", ".ruff_cache"}
@@ -512,6 +523,18 @@ def assemble(chapters: list[Chapter], notebook_files: dict[Path, Path]) -> tuple
     return site, nav
 
 
+def draw_figures() -> None:
+    """Run each figure script into the assembled pages (SRC), over the committed PNGs copied there."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    for script in FIGURE_SCRIPTS:
+        t0 = time.perf_counter()
+        result = subprocess.run([sys.executable, str(script), "--out-dir", str(SRC)], cwd=ROOT, env=env,
+                                capture_output=True, text=True)
+        if result.returncode != 0:
+            raise BuildError(f"{rel(script)} failed:\n{result.stdout[-3000:]}{result.stderr[-3000:]}")
+        log(f"{rel(script)}: figures drawn into {rel(SRC)} in {time.perf_counter() - t0:.0f} s")
+
+
 def write_config(nav: list) -> Path:
     import yaml
 
@@ -540,6 +563,8 @@ def parse_args(argv=None):
     p.add_argument("--force", action="store_true", help="execute notebooks even when their cached run is current")
     p.add_argument("--timeout", type=int, default=600, help="seconds allowed per notebook cell (default: 600)")
     p.add_argument("--serve", action="store_true", help="after building, serve the site on 127.0.0.1:8000")
+    p.add_argument("--skip-figures", action="store_true",
+                   help="do not draw chapters 06-11's figures again; the site shows the committed ones")
     return p.parse_args(argv)
 
 
@@ -582,6 +607,8 @@ def main(argv=None) -> int:
         broken = [w for w in site.warnings if "broken link" in w]
         if broken:
             raise BuildError(f"{len(broken)} broken link(s); see the warnings above")
+        if not args.skip_figures:
+            draw_figures()
         config = write_config(nav)
         log(f"assembled {sum(1 for _ in SRC.rglob('*.md'))} pages in {SRC.relative_to(ROOT)}; running mkdocs")
         t0 = time.perf_counter()

@@ -32,6 +32,20 @@ thread of its own: on a CPU, torch's OpenMP workers spin-wait between operations
 thread's team, and a step run from any other thread is slower (``bench online`` measures what the
 server costs against offline ``generate``).
 
+Tracing the hand-offs. ``engine.trace``, None by default, may be set to a function
+``trace(event, request_id, seconds)`` (``seconds`` from ``time.perf_counter()``); it is called, on
+the thread where each happens, at:
+
+    "queued"      generate put the request on the list for the engine thread     (event loop)
+    "added"       the engine thread gave it to the engine                         (engine thread)
+    "step_start", "step_end"   around each engine step (request_id None)          (engine thread)
+    "put"         an output of the request was handed to the event loop           (engine thread)
+    "got"         generate took that output off the request's queue                (event loop)
+
+It only observes: chapter 11's figure of a server run draws it (plots/explain_serving.py). It must
+be quick, must not raise and must not call the engine ("queued" is called with the engine's lock
+held, so that it always comes before "added").
+
 Not handled yet: several engine processes, back-pressure (a bounded number of waiting requests),
 priorities.
 """
@@ -77,6 +91,7 @@ class AsyncLLMEngine:
         self._stopped: concurrent.futures.Future | None = None
         self._stop_requested = False  # set by request_stop (a signal handler), acted on by the loop
         self.usage_history: collections.deque = collections.deque(maxlen=USAGE_HISTORY)
+        self.trace = None  # trace(event, request_id, seconds) at each hand-off (see the module docstring)
         self._sample_usage(force=True)
         self._thread = threading.Thread(target=self._run, name="minipaged-engine", daemon=True)
         self._looping = False  # whether some thread is in _run
@@ -122,6 +137,7 @@ class AsyncLLMEngine:
                 raise ValueError(f"request_id={request_id!r} is already running; give each request its own id")
             self._queues[request_id] = (loop, queue)
             self._adds.append((request_id, prompt, sampling_params))
+            self._trace("queued", request_id)  # under the lock: before the thread can take it
         self._wake.set()
         finished = False
         try:
@@ -129,6 +145,7 @@ class AsyncLLMEngine:
                 out = await queue.get()
                 if isinstance(out, BaseException):
                     raise out
+                self._trace("got", request_id)
                 finished = out.finished
                 yield out
         finally:
@@ -183,6 +200,10 @@ class AsyncLLMEngine:
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(timeout=10)
 
+    def _trace(self, event: str, request_id: str | None) -> None:
+        if self.trace is not None:
+            self.trace(event, request_id, time.perf_counter())
+
     # ---- the engine side (the background thread) -------------------------------------------------
 
     def _deliver(self, request_id: str, item) -> None:
@@ -192,6 +213,7 @@ class AsyncLLMEngine:
                 del self._queues[request_id]
         if target is not None:
             loop, queue = target
+            self._trace("put", request_id)
             loop.call_soon_threadsafe(queue.put_nowait, item)
 
     def _sample_usage(self, force: bool = False) -> None:
@@ -244,6 +266,8 @@ class AsyncLLMEngine:
                     engine.add_request(request_id, prompt, params)
                 except ValueError as e:  # checked by the caller already; a race such as a reused id
                     self._deliver(request_id, e)
+                    continue
+                self._trace("added", request_id)
             if aborts or adds:
                 self._sample_usage(force=True)
             self._inspect(inspections)
@@ -255,7 +279,9 @@ class AsyncLLMEngine:
                 self._wake.clear()
                 continue
             try:
+                self._trace("step_start", None)
                 outputs = engine.step()
+                self._trace("step_end", None)
             except Exception as e:  # a bug in a step: tell everyone waiting, give every block back
                 with self._lock:
                     waiting = list(self._queues)

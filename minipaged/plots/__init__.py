@@ -18,6 +18,14 @@
     plot_spec_speedup(result)        tokens per pass and speedup with speculation, per k (chapter 09)
     plot_kernel_roofline(results)    the kernels under the GPU's roofs and measured ceilings (chapter 10)
 
+The explanatory figures of chapters 06-11 trace a small run of the real engine, then draw it
+(``trace_*`` returns plain data the tests check, ``plot_*`` draws it; docs/figures_06_11.py runs them):
+
+    explain_steps      the scheduler's steps (06), chunks under the budget (08), draft and rollback (09)
+    explain_prefix     the hash chain of full blocks and the LRU list (07)
+    explain_kernel     the kernel's grid, its walk over the block table, the online softmax (10)
+    explain_serving    the hand-offs between the event loop and the engine thread (11)
+
 Each returns a matplotlib Figure (created without pyplot, so nothing global changes) and saves a PNG
 when given ``path``.
 """

@@ -1,0 +1,376 @@
+"""The computations behind the numbers in the chapters' worked answers (their "Open questions").
+
+A worked answer quotes two kinds of numbers. A timed one (seconds, tokens per second) comes from a
+results record, through a ``<!-- fig: -->`` marker (records.py). A deterministic one (a simulator
+run, arithmetic on a model's shapes or on a record's figures, the tokens a tiny model picks greedily)
+comes from a function here, registered under ``NN/name``, and is tied to the text by a marker:
+
+    100<!-- calc: 06/saw_tooth steps d -->
+
+The marker is read like a figure's (records.py): the value at that path of the function's results,
+written with that format spec. ``python -m minipaged.records render`` runs the functions the chapters
+name and rewrites the numbers; ``render --check`` (and tests/test_answers.py) fails when one differs.
+The text names the command that prints the results:
+
+    python -m minipaged.answers 06/saw_tooth      prints one computation's results as JSON
+    python -m minipaged.answers --list            every name, with the first line of its docstring
+
+A function may read a record (``_record("06/bench_serving")``) and compute from its figures, which is
+how an answer does arithmetic on a measurement without copying its numbers. Every function together
+must stay fast (the test runs them all: well under a minute); a number that needs a slow or timed run
+belongs in a record instead.
+
+Some answers change the library to see what breaks (a different victim, no reversal before a release).
+Such a change is written here, applied only inside the function with ``_patched``, so that the
+numbers it gives can be checked like the others; the library itself is never changed.
+
+Not handled: numbers that only a GPU or a run of the test suite gives (test counts, error messages);
+the answers quote those as text.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import io
+import json
+import sys
+from collections.abc import Callable
+
+REGISTRY: dict[str, Callable[[], dict]] = {}
+
+
+def answer(name: str):
+    """Register a function of no arguments returning a dict of JSON values, as ``NN/name``."""
+    def register(fn):
+        if name in REGISTRY:
+            raise ValueError(f"answer {name!r} is registered twice")
+        REGISTRY[name] = fn
+        return fn
+    return register
+
+
+@functools.cache
+def _computed(name: str) -> str:
+    return json.dumps(REGISTRY[name](), sort_keys=True)
+
+
+def compute(name: str) -> dict:
+    """The results of ``name``, computed once per process."""
+    if name not in REGISTRY:
+        raise ValueError(f"no answer computation named {name!r}; the names are: {', '.join(sorted(REGISTRY))}")
+    return json.loads(_computed(name))
+
+
+def _record(name: str) -> dict:
+    from minipaged import records
+
+    return records.load(None, name)["results"]
+
+
+@contextlib.contextmanager
+def _patched(owner, attr: str, value):
+    """``owner.attr = value`` inside the block only."""
+    saved = getattr(owner, attr)
+    setattr(owner, attr, value)
+    try:
+        yield
+    finally:
+        setattr(owner, attr, saved)
+
+
+def _simulate(*argv: str) -> dict:
+    """What ``python -m minipaged simulate ARGV --json`` prints, run in this process."""
+    from minipaged.simulator import cli
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        if cli.main([*argv, "--json"]):
+            raise RuntimeError(f"simulate {' '.join(argv)} failed")
+    return json.loads(out.getvalue())
+
+
+# ---------------------------------------------------------------- chapter 06
+
+
+def _serve(requests, slots, *, watermark=0.01, **kw):
+    from minipaged.kv import make_policy
+    from minipaged.simulator.serving import simulate_serving
+
+    policy = make_policy("on_demand", num_slots=slots, block_size=16, max_model_len=2048, watermark=watermark)
+    return simulate_serving("continuous", policy, requests, **kw)
+
+
+def _sharegpt_200():
+    from minipaged.simulator.workloads import make_workload
+
+    return make_workload("sharegpt", 200, max_model_len=2048, seed=0)
+
+
+@answer("06/saw_tooth")
+def saw_tooth() -> dict:
+    """A static batch of 8 requests wanting 5, 5, 5, 5, 5, 5, 5 and 100 tokens (question 1)."""
+    from minipaged.kv import make_policy
+    from minipaged.simulator.serving import simulate_serving
+    from minipaged.simulator.workloads import Request
+
+    reqs = [Request(i, 0, 10, n, n) for i, n in enumerate([5] * 7 + [100])]
+    policy = make_policy("on_demand", num_slots=4096, block_size=16, max_model_len=2048)
+    run = simulate_serving("static", policy, reqs, max_num_seqs=8)
+    return {"steps": run.steps, "mean_batch": run.mean_batch, "first_batches": run.batch_sizes[:8],
+            "sequence_steps": sum(run.batch_sizes), "alone_steps": run.batch_sizes.count(1)}
+
+
+def _row(run) -> dict:
+    return {"steps": run.steps, "preemptions": run.preemptions, "tokens_computed": run.tokens_computed}
+
+
+@answer("06/watermark")
+def watermark() -> dict:
+    """The 200-request ShareGPT-like trace in two tight pools at three watermarks (question 2)."""
+    trace = _sharegpt_200()
+    keys = {0: "w0", 0.01: "w0_01", 0.1: "w0_1"}  # a path's keys hold no dots
+    out = {str(slots): {keys[w]: _row(_serve(trace, slots, watermark=w)) for w in keys} for slots in (2048, 4096)}
+    for rows in out.values():
+        rows["steps_w0_01_minus_w0"] = rows["w0_01"]["steps"] - rows["w0"]["steps"]
+        rows["saved_at_w0_1"] = 1 - rows["w0_1"]["tokens_computed"] / rows["w0"]["tokens_computed"]
+    return out
+
+
+def _largest_victim_schedule(self, plan) -> None:
+    """ContinuousScheduler._schedule_running with question 3's rule: preempt the request holding the
+    most blocks; if it was planned already in this step, take its work back out of the plan first."""
+    i = 0
+    while i < len(self.running):
+        request = self.running[i]
+        if self.policy.can_append_all(self._appends(request)):
+            self._plan(request, plan)
+            i += 1
+            continue
+        held = [sum(len(self.policy.block_table(s.seq_id)) for s in r.seqs) for r in self.running]
+        at = max(range(len(self.running)), key=held.__getitem__)
+        victim = self.running[at]
+        del self.running[at]
+        if at < i:  # planned in this step already: take its work out (preempting frees its slots)
+            ids = {s.seq_id for s in victim.seqs}
+            plan.work = [w for w in plan.work if w.seq.seq_id not in ids]
+            i -= 1  # the loop's index moves back with the list
+        self._preempt(victim, plan)
+
+
+@answer("06/largest_victim")
+def largest_victim() -> dict:
+    """Preempting the request that holds the most blocks instead of the newest (question 3), on the
+    200-request trace in a 4,096-slot pool; the default watermark, 0.01."""
+    from minipaged.scheduler.continuous import ContinuousScheduler
+
+    trace = _sharegpt_200()
+    longest = sorted(trace, key=lambda r: r.prompt_len + r.output_len)[-5:]  # the five longest requests
+    out = {"longest_tokens": [r.prompt_len + r.output_len for r in longest]}
+    newest = _serve(trace, 4096)
+    with _patched(ContinuousScheduler, "_schedule_running", _largest_victim_schedule):
+        largest = _serve(trace, 4096)
+    for name, run in (("newest", newest), ("largest", largest)):
+        out[name] = {**_row(run), "longest_finished_at": [run.finish_step[r.request_id] for r in longest],
+                     "longest_last_finished_at": max(run.finish_step[r.request_id] for r in longest)}
+    out["longest_all_later"] = all(b > a for a, b in zip(out["newest"]["longest_finished_at"],
+                                                        out["largest"]["longest_finished_at"]))
+    return out
+
+
+@answer("06/swap_cost")
+def swap_cost() -> dict:
+    """The bandwidth the swap copies of `bench serving` reached, and the bandwidth below which
+    recompute would win (question 4): arithmetic on chapter 06's and chapter 08's records."""
+    from minipaged.model.config import SMOLLM2_135M
+
+    recompute, swap = _record("06/bench_serving")["pressure"][:2]
+    per_token_s = _record("08/bench_chunked")["step_cost"]["per_token_s"]
+    kv_per_token = SMOLLM2_135M.kv_bytes_per_token(4)
+    block_bytes = 16 * kv_per_token
+    copies = 2 * swap["blocks_swapped_out"]  # out and back in: every request finished
+    moved = copies * block_bytes
+    extra_tokens = recompute["tokens_computed"] - swap["tokens_computed"]
+    recompute_s = extra_tokens * per_token_s
+    return {"kv_bytes_per_token": kv_per_token, "block_bytes": block_bytes, "copies": copies,
+            "moved_mb": moved / 1e6, "swap_gb_per_s": moved / swap["swap_seconds"] / 1e9,
+            "extra_tokens": extra_tokens, "recompute_s": recompute_s, "break_even_mb_per_s": moved / recompute_s / 1e6}
+
+
+@answer("06/token_budget")
+def token_budget() -> dict:
+    """`bench serving`'s trace in a 1,536-slot pool with and without a budget of 64 tokens (question 5)."""
+    import statistics
+
+    from minipaged.bench import serving
+    from minipaged.kv import make_policy
+    from minipaged.simulator.serving import simulate_serving
+    from minipaged.simulator.workloads import Request
+
+    reqs = [Request(i, 0, len(p), n, n) for i, (p, n) in enumerate(serving.make_trace(64, 0.1, 256, 49152))]
+    out = {}
+    for name, budget in (("none", None), ("64", 64)):
+        policy = make_policy("on_demand", num_slots=1536, block_size=16, max_model_len=256)
+        run = simulate_serving("continuous", policy, reqs, max_num_seqs=32, max_num_batched_tokens=budget)
+        longest = max(reqs, key=lambda r: r.prompt_len)
+        mixed = [t for t, d in zip(run.step_tokens, run.decodes) if d]  # steps that decode someone
+        out[name] = {"steps": run.steps, "mean_batch": run.mean_batch,
+                     "ttft_step_p50": statistics.median(run.first_token_step.values()),
+                     "longest_prompt": longest.prompt_len,
+                     "longest_first_step": run.first_token_step[longest.request_id],
+                     "longest_step_batch": run.batch_sizes[run.first_token_step[longest.request_id] - 1],
+                     "most_tokens_beside_decodes": max(mixed)}
+    return out
+
+
+# ---------------------------------------------------------------- chapter 07
+
+
+def _release_first_block_first(self, table) -> None:
+    """PrefixCachingPolicy._release without ``table.blocks.reverse()`` (question 2)."""
+    for i in range(len(table.token_ids) // self.block_size, table.registered):
+        block = table.blocks[i]
+        if self.pool.key_of(block) == table.keys[i]:
+            self.pool.unregister(block)
+    super(type(self), self)._release(table)
+
+
+@answer("07/evict_front")
+def evict_front() -> dict:
+    """The warm runs of `simulate --prefix --capacities 1024 2048 4096` with a finished request's blocks
+    going to the LRU list first block first (question 2); the runs as they are are chapter 07's record."""
+    from minipaged.kv import make_policy
+    from minipaged.kv.prefix_cache import PrefixCachingPolicy
+    from minipaged.simulator import prefix
+    from minipaged.simulator.serving import simulate_serving
+
+    d = prefix.DEFAULTS  # as the command builds its trace
+    requests = prefix.make_prefix_workload(d["num_requests"], d["num_prefixes"], d["prefix_len"], d["suffix_len"],
+                                           d["output_len"], d["zipf"], seed=d["seed"])
+    rows = []
+    with _patched(PrefixCachingPolicy, "_release", _release_first_block_first):
+        for capacity in (1024, 2048, 4096):
+            policy = make_policy("prefix_caching", num_slots=capacity, block_size=d["block_size"],
+                                 max_model_len=d["max_model_len"])
+            run = simulate_serving("continuous", policy, requests, max_num_seqs=d["max_num_seqs"])
+            rows.append({"capacity": capacity, "hit_rate": policy.hit_rate(), "evictions": policy.evictions,
+                         "tokens_computed": run.tokens_computed})
+    return {"after": rows}
+
+
+# ---------------------------------------------------------------- chapter 10
+
+
+@answer("10/count_reads")
+def count_reads() -> dict:
+    """Bytes one layer's decode attention fetches at SmolLM2, batch 64, 2,048 tokens, fp16 (question 1):
+    v1 reads each KV head once, the classic kernel once per query head."""
+    from minipaged.attention.bench_kernels import decode_attention_bytes
+    from minipaged.model.config import SMOLLM2_135M as m
+
+    batch, context, itemsize = 64, 2048, 2
+    per_token_head = 2 * m.head_dim * itemsize  # K and V of one token, one KV head
+    v1_kv = batch * context * m.num_kv_heads * per_token_head
+    classic = batch * context * m.num_heads * per_token_head
+    return {"per_token_head": per_token_head, "v1_kv_mb": v1_kv / 1e6,
+            "q_and_out_mb": (decode_attention_bytes(m, batch, context) - v1_kv) / 1e6,
+            "v1_mb": decode_attention_bytes(m, batch, context) / 1e6, "classic_mb": classic / 1e6,
+            "ratio": classic / v1_kv, "difference_mb": (classic - v1_kv) / 1e6,
+            "difference_all_layers_gb": m.num_layers * (classic - v1_kv) / 1e9}
+
+
+@answer("10/half_shared")
+def half_shared() -> dict:
+    """Shared memory of a v1 block when the K and V tiles are kept in fp16, padded by two (question 2)."""
+    from minipaged.attention.kernels.config import KernelConfig
+
+    out = {}
+    for d in (64, 128):
+        cfg = KernelConfig.for_head_dim(d)
+        fp32_tiles = 4 * 2 * cfg.tile_tokens * (d + 1)
+        fp16_tiles = 2 * 2 * cfg.tile_tokens * (d + 2)
+        out[str(d)] = {"tile_tokens": cfg.tile_tokens, "shared_bytes": cfg.shared_bytes, "fp32_tiles": fp32_tiles,
+                       "fp16_tiles": fp16_tiles, "fp16_shared_bytes": cfg.shared_bytes - fp32_tiles + fp16_tiles,
+                       "blocks_ratio": cfg.shared_bytes / (cfg.shared_bytes - fp32_tiles + fp16_tiles)}
+    out["padded_row_words"] = (64 + 1) * 2 / 4
+    return out
+
+
+@answer("10/prefetch")
+def prefetch() -> dict:
+    """Registers each thread needs to hold the next tile at head_dim 64 (question 3)."""
+    from minipaged.attention.kernels.config import KernelConfig
+
+    cfg = KernelConfig.for_head_dim(64)
+    return {"tile_tokens": cfg.tile_tokens, "next_tile_per_thread": 2 * cfg.tile_tokens * 64 // cfg.num_threads,
+            "acc_slots": cfg.acc_slots}
+
+
+@answer("10/parallel_softmax")
+def parallel_softmax() -> dict:
+    """Threads per row, and the two shared arrays of partial results, when every row's softmax step is
+    shared by ``num_threads // max_rows`` threads (question 4)."""
+    from minipaged.attention.kernels.config import KernelConfig
+
+    configs = {"64": KernelConfig.for_head_dim(64), "128": KernelConfig.for_head_dim(128),
+               "simulator": KernelConfig.for_simulator(64)}
+    out = {name: {"threads_per_row": c.num_threads // c.max_rows, "max_rows": c.max_rows}
+           for name, c in configs.items()}
+    out["64"]["arrays_bytes"] = 2 * 4 * configs["64"].max_rows * out["64"]["threads_per_row"]  # two fp32 arrays
+    return out
+
+
+@answer("10/tune_rule")
+def tune_rule() -> dict:
+    """The v1/v2 rule's partition count on the benchmark's three swept shapes, at 132 SMs, as is and with
+    one of its two constants changed (question 5)."""
+    from minipaged.attention.kernels import config
+    from minipaged.model.config import LLAMA_8B, SMOLLM2_135M
+
+    shapes = {"smollm2_64x2048": (SMOLLM2_135M, 64, 2048), "smollm2_4x8192": (SMOLLM2_135M, 4, 8192),
+              "llama8b_16x2048": (LLAMA_8B, 16, 2048)}
+
+    def parts(m, batch, context):
+        cfg = config.KernelConfig.for_head_dim(m.head_dim)
+        plan = config.plan_launch(batch, m.num_kv_heads, m.num_heads // m.num_kv_heads, 1, context, cfg,
+                                  num_sms=132, kernel="v2")
+        return {"partitions": plan.num_partitions, "partition_tokens": plan.partition_tokens}
+
+    out = {}
+    for name, shape in shapes.items():
+        row = {"rule": parts(*shape)}
+        for value in (2, 4, 8, 16, 32):
+            with _patched(config, "BLOCKS_PER_SM", value):
+                row[f"blocks_per_sm_{value}"] = parts(*shape)["partitions"]
+        for value in (128, 256, 512, 1024):
+            with _patched(config, "MIN_PARTITION_TOKENS", value):
+                row[f"min_tokens_{value}"] = parts(*shape)["partitions"]
+        out[name] = row
+    return out
+
+
+# ---------------------------------------------------------------- the command
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m minipaged.answers", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("names", nargs="*", metavar="NN/NAME", help="the computations to run")
+    parser.add_argument("--list", action="store_true", help="list every computation")
+    args = parser.parse_args(argv)
+    if args.list or not args.names:
+        for name, fn in sorted(REGISTRY.items()):
+            print(f"{name:24} {(fn.__doc__ or '').strip().splitlines()[0]}")
+        return 0
+    try:
+        results = {name: compute(name) for name in args.names}
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(results[args.names[0]] if len(args.names) == 1 else results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -259,6 +259,251 @@ def evict_front() -> dict:
     return {"after": rows}
 
 
+def _tiny_with_cache():
+    from minipaged import LLM
+
+    return LLM("tiny", enable_prefix_caching=True, kv_policy="shared", kv_capacity_tokens=4096, block_size=4,
+               max_model_len=128, attention_backend="torch", progress=False)
+
+
+def _append_slots_without_promise(self, seq_id, n: int) -> list[int]:
+    """PrefixCachingPolicy.append_slots without its ``_register`` call (question 3)."""
+    from minipaged.kv.prefix_cache import PrefixCachingPolicy
+
+    return super(PrefixCachingPolicy, self).append_slots(seq_id, n)
+
+
+@answer("07/no_promises")
+def no_promises() -> dict:
+    """`num_cached_tokens` of the eight prompts of tests/ch07_prefix_caching/test_engine.py (a 37-token
+    system prompt, block size 4), served twice, with the promise and without it (question 3)."""
+    import random
+
+    from minipaged import SamplingParams
+    from minipaged.kv.prefix_cache import PrefixCachingPolicy
+
+    rng = random.Random(7)  # the test's prompts, built the same way
+    system = [rng.randrange(1, 250) for _ in range(37)]
+    prompts = [system + [rng.randrange(1, 250) for _ in range(rng.randrange(1, 14))] for _ in range(8)]
+    params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+
+    def twice():
+        llm = _tiny_with_cache()
+        return [[o.num_cached_tokens for o in llm.generate(prompts, params, use_tqdm=False)] for _ in range(2)]
+
+    promise = twice()
+    with _patched(PrefixCachingPolicy, "append_slots", _append_slots_without_promise):
+        none = twice()
+    return {"promise": {"cold": promise[0], "again": promise[1]}, "no_promise": {"cold": none[0], "again": none[1]}}
+
+
+def _hits_whole_prompt(self, token_ids):
+    """PrefixCachingPolicy._hits walking every full block, the last prompt token's included (question 4)."""
+    from minipaged.kv.prefix_cache import next_key
+
+    blocks, keys, parent, bs = [], [], None, self.block_size
+    for i in range(len(token_ids) // bs):
+        key = next_key(parent, token_ids[i * bs:(i + 1) * bs])
+        block = self.pool.lookup(key)
+        if block is None:
+            break
+        blocks.append(block)
+        keys.append(key)
+        parent = key
+    return blocks, keys
+
+
+@answer("07/whole_prompt")
+def whole_prompt() -> dict:
+    """An 8-token prompt (two full blocks of 4) and a 13-token one on the tiny model, served twice, with
+    `_hits` serving a whole block-aligned prompt from the cache (question 4)."""
+    from minipaged import SamplingParams
+    from minipaged.kv.prefix_cache import PrefixCachingPolicy
+
+    short, other = list(range(1, 9)), list(range(20, 33))
+    params = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
+
+    def outputs(llm, prompts, p=params):
+        return [o.outputs[0].token_ids for o in llm.generate(prompts, p, use_tqdm=False)]
+
+    right = outputs(_tiny_with_cache(), [short, other])
+    llm = _tiny_with_cache()
+    with _patched(PrefixCachingPolicy, "_hits", _hits_whole_prompt):
+        outputs(llm, [short, other])
+        again = outputs(llm, [short, other])
+    follows = outputs(_tiny_with_cache(), [short + again[0][:1]], SamplingParams(temperature=0, max_tokens=4,
+                                                                                   ignore_eos=True))[0]
+    return {"right": right[0], "other_right": right[1], "again": again[0], "other_again": again[1],
+            "follows_first": follows}
+
+
+# ---------------------------------------------------------------- chapter 08
+
+
+@answer("08/sample_every_chunk")
+def sample_every_chunk() -> dict:
+    """A 20-token prompt in chunks of 8, 8 and 4 on the tiny model, greedy, 6 tokens: as it is, and with
+    every chunk sampling a token (question 2); then what the answer says the wrong tokens are."""
+    from minipaged import LLM, SamplingParams
+    from minipaged.scheduler.plan import ScheduledSeq
+
+    def greedy(llm, prompt, n):
+        params = SamplingParams(temperature=0, max_tokens=n)
+        return llm.generate([prompt], params, use_tqdm=False)[0].outputs[0].token_ids
+
+    prompt = list(range(1, 21))
+    llm = LLM("tiny", kv_policy="on_demand", enable_chunked_prefill=True, max_num_batched_tokens=8, max_num_seqs=4)
+    right = greedy(llm, prompt, 6)
+    with _patched(ScheduledSeq, "completes", property(lambda self: True)):  # `if not work.completes` never skips
+        wrong = greedy(llm, prompt, 6)
+    whole = LLM("tiny", kv_policy="on_demand")  # no chunks: the oracle
+    after_chunks = [greedy(whole, prompt[:8], 1)[0], greedy(whole, prompt[:16], 1)[0]]
+    return {"right": right, "wrong": wrong, "after_chunks": after_chunks,
+            "answer_to_them": greedy(whole, prompt + after_chunks, 4)}
+
+
+def _two_partial_prefills(self, plan) -> None:
+    """ChunkedPrefillScheduler._schedule_running where a prompt part-way through gets at most half of
+    what the decodes leave while a waiting request could be admitted (question 4), so that the
+    admission after it takes the other half."""
+    from minipaged.scheduler.continuous import ContinuousScheduler
+    from minipaged.scheduler.plan import ScheduledSeq
+
+    self._chunk_waits = False
+    i = 0
+    while i < len(self.running):  # 1. decodes, as it is
+        request = self.running[i]
+        if not self._decoding(request):
+            i += 1
+        elif self.policy.can_append_all(self._appends(request)):
+            ContinuousScheduler._plan(self, request, plan)  # one token each, whatever the budget says
+            i += 1
+        else:
+            self._preempt(self.running.pop(), plan)
+    i = 0
+    while i < len(self.running) and self._budget_left(plan) > 0:  # 2. prompts, with the cap
+        request = self.running[i]
+        left = self._budget_left(plan)
+        if self.waiting and self.num_running_seqs() + self.waiting[0].num_seqs <= self.max_num_seqs:
+            left = max(1, left // 2)
+        chunks = self._chunks(request, left)
+        if not chunks:
+            i += 1
+        elif self.policy.can_append_all(chunks):
+            seqs = {s.seq_id: s for s in request.seqs}
+            for seq_id, n in chunks:
+                plan.work.append(ScheduledSeq(seqs[seq_id], self.policy.num_tokens(seq_id),
+                                              self.policy.append_slots(seq_id, n)))
+            i += 1
+        elif plan.work:
+            self._chunk_waits = True
+            return
+        else:
+            self._preempt(self.running.pop(), plan)
+
+
+def _chunked_trace(capacity=65536, budget=256, **kw):
+    from minipaged.kv import make_policy
+    from minipaged.simulator.chunked import make_chunked_workload
+    from minipaged.simulator.serving import simulate_serving
+
+    policy = make_policy("on_demand", num_slots=capacity, block_size=16, max_model_len=4096)
+    requests = make_chunked_workload()
+    return requests, simulate_serving("continuous", policy, requests, max_num_seqs=32, max_num_batched_tokens=budget,
+                                      enable_chunked_prefill=True, **kw)
+
+
+@answer("08/two_partials")
+def two_partials() -> dict:
+    """Median times to first token, chat requests and documents, on `simulate --chunked`'s trace at four
+    budgets, with two prompts allowed part-way at once (question 4); the runs as they are are the record."""
+    from minipaged.scheduler.chunked import ChunkedPrefillScheduler
+    from minipaged.simulator.chunked import DEFAULTS, costs
+
+    requests, run = _chunked_trace(budget=256)  # as it is: the record's row, to show the runs compare
+    out = {"unchanged_256": {k: costs(run, requests, DEFAULTS["step_overhead"])[k]
+                             for k in ("ttft_short_p50", "ttft_long_p50")}}
+    with _patched(ChunkedPrefillScheduler, "_schedule_running", _two_partial_prefills):
+        for budget in (512, 256, 128, 64):
+            requests, run = _chunked_trace(budget=budget)
+            row = costs(run, requests, DEFAULTS["step_overhead"])
+            out[str(budget)] = {"ttft_short_p50": row["ttft_short_p50"], "ttft_long_p50": row["ttft_long_p50"]}
+    return out
+
+
+def _one_block_at_admission(self, prompt_len, max_new_tokens, final_len) -> int:
+    """OnDemandPolicy._slots_needed taking one block at admission (question 5)."""
+    return self.block_size
+
+
+def _plan_what_fits(self, request, plan) -> None:
+    """ChunkedPrefillScheduler._plan shortening each chunk to what the pool can give (question 5)."""
+    from minipaged.scheduler.plan import ScheduledSeq
+
+    seqs = {s.seq_id: s for s in request.seqs}
+    for seq_id, n in self._chunks(request, self._budget_left(plan)):
+        while n > 1 and not self.policy.can_append_slots(seq_id, n):
+            n -= 1
+        cached = self.policy.num_tokens(seq_id)
+        plan.work.append(ScheduledSeq(seqs[seq_id], cached, self.policy.append_slots(seq_id, n)))
+
+
+@answer("08/allocate_late")
+def allocate_late() -> dict:
+    """`simulate --chunked`'s trace at a budget of 256 in two small pools, with a prompt's blocks taken at
+    admission (as it is) and chunk by chunk (question 5)."""
+    from minipaged.kv.on_demand import OnDemandPolicy
+    from minipaged.scheduler.chunked import ChunkedPrefillScheduler
+
+    def row(run):
+        return {"steps": run.steps, "mean_batch": run.mean_batch, "preemptions": run.preemptions,
+                "tokens_computed": run.tokens_computed}
+
+    out = {}
+    for capacity in (8192, 16384):
+        out[str(capacity)] = {"admission": row(_chunked_trace(capacity)[1])}
+        with _patched(OnDemandPolicy, "_slots_needed", _one_block_at_admission), \
+                _patched(ChunkedPrefillScheduler, "_plan", _plan_what_fits):
+            out[str(capacity)]["chunks"] = row(_chunked_trace(capacity)[1])
+    return out
+
+
+@answer("08/step_overhead")
+def step_overhead() -> dict:
+    """The budgets of `simulate --chunked --step-overhead 300` against the 5% mark, and the extra cost
+    of budget 256 as extra steps times the overhead (question 3): arithmetic on chapter 08's records."""
+    rows = _record("08/simulate_chunked_overhead_300")["rows"]
+    default = _record("08/simulate_chunked")["rows"]
+    overhead = _record("08/simulate_chunked_overhead_300")["config"]["step_overhead"]
+    default_overhead = _record("08/simulate_chunked")["config"]["step_overhead"]
+    whole, by_budget = rows[0], {r["budget"]: r for r in rows}
+    mark = 0.05 * whole["total"]
+    inside = [r for r in rows[1:] if r["total"] - whole["total"] <= mark]
+    extra_steps = by_budget[256]["steps"] - whole["steps"]
+    return {"mark": mark, "best_inside": min(inside, key=lambda r: r["itl_p99"])["budget"],
+            "extra_512": by_budget[512]["total"] - whole["total"],
+            "extra_256": by_budget[256]["total"] - whole["total"],
+            "extra_steps_256": extra_steps, "extra_steps_256_cost": extra_steps * overhead,
+            "extra_steps_256_default_cost": extra_steps * default_overhead,
+            "default_256_inside": default[4]["total"] - default[0]["total"] <= 0.05 * default[0]["total"]}
+
+
+# ---------------------------------------------------------------- chapter 09
+
+
+@answer("09/longer_look")
+def longer_look() -> dict:
+    """Tokens per drafted step by the notebook's formula, 1 + a + ... + a^k, with `a` the acceptance that
+    `bench speculative --k 1 2 4 8 16 --repeats 1` measured at k = 1 (question 4)."""
+    modes = _record("09/bench_speculative_k")["modes"]["one at a time"]
+    out = {}
+    for kind in ("open", "copy"):
+        a = modes[kind]["1"]["acceptance"]
+        out[kind] = {"a": a, "ceiling": 1 / (1 - a),
+                     "tokens": {str(k): sum(a ** i for i in range(k + 1)) for k in (1, 2, 4, 8, 16)}}
+    return out
+
+
 # ---------------------------------------------------------------- chapter 10
 
 

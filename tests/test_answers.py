@@ -72,3 +72,39 @@ def test_a_changed_rule_is_undone_after_its_computation():
     # the two rules differ where they should: fewer preemptions, more recomputed work
     assert result["largest"]["preemptions"] < result["newest"]["preemptions"]
     assert result["largest"]["tokens_computed"] > result["newest"]["tokens_computed"]
+
+
+# ---- what the answers say about their figures, beyond the figures themselves
+
+
+def test_without_the_promise_a_cold_batch_finds_nothing_and_a_warm_one_the_same():
+    r = answers.compute("07/no_promises")
+    assert r["promise"]["cold"][0] == 0 and min(r["promise"]["cold"][1:]) >= 36
+    assert r["no_promise"]["cold"] == [0] * 8 and r["no_promise"]["again"] == r["promise"]["again"]
+
+
+def test_a_prompt_served_whole_from_the_cache_takes_its_neighbours_row():
+    r = answers.compute("07/whole_prompt")
+    assert r["again"] != r["right"] and r["other_again"] == r["other_right"]
+    assert r["again"][0] == r["other_right"][0] and r["again"][1:] == r["follows_first"]
+
+
+def test_sampling_every_chunk_appends_the_chunks_next_tokens():
+    r = answers.compute("08/sample_every_chunk")
+    assert r["wrong"] != r["right"] and len(r["wrong"]) == len(r["right"])
+    assert r["wrong"][:2] == r["after_chunks"] and r["wrong"][2:] == r["answer_to_them"]
+
+
+def test_the_largest_victim_delays_every_one_of_the_longest_requests():
+    assert answers.compute("06/largest_victim")["longest_all_later"]
+
+
+def test_a_changed_scheduler_runs_the_same_trace_as_the_record_it_is_compared_with():
+    row = records.lookup(records.load(None, "08/simulate_chunked"), "rows.4")
+    assert row["budget"] == 256
+    unchanged = answers.compute("08/two_partials")["unchanged_256"]
+    assert unchanged == {"ttft_short_p50": row["ttft_short_p50"], "ttft_long_p50": row["ttft_long_p50"]}
+
+
+def test_with_the_default_overhead_budget_256_stays_inside_five_percent():
+    assert answers.compute("08/step_overhead")["default_256_inside"]

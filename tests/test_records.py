@@ -97,7 +97,8 @@ def test_every_measured_figure_has_a_record(name):
 
 # Chapters whose worked answers (under "Open questions") are wholly rendered from records and from the
 # computations of minipaged/answers.py.
-ANSWERED = ["06_continuous-batching", "07_prefix-caching", "10_paged-attention-kernel"]
+ANSWERED = ["06_continuous-batching", "07_prefix-caching", "08_chunked-prefill", "09_speculative-decoding",
+            "10_paged-attention-kernel"]
 
 
 def _worked_answers(text: str) -> list[str]:

@@ -24,6 +24,10 @@ Some answers change the library to see what breaks (a different victim, no rever
 Such a change is written here, applied only inside the function with ``_patched``, so that the
 numbers it gives can be checked like the others; the library itself is never changed.
 
+Such a replacement copies the method it replaces with the change made; when that method changes in
+the library, the copy must follow it (tests/test_answers.py checks, where it can, that a run without
+the change still gives the record's figures).
+
 Not handled: numbers that only a GPU or a run of the test suite gives (test counts, error messages);
 the answers quote those as text.
 """
@@ -337,6 +341,38 @@ def whole_prompt() -> dict:
             "follows_first": follows}
 
 
+def _promise_at_admission(allocate):
+    """PrefixCachingPolicy.allocate that also promises every full block of the prompt (question 5)."""
+    def allocate_and_promise(self, seq_id, *args, **kwargs):
+        allocate(self, seq_id, *args, **kwargs)
+        table = self._seqs[seq_id]
+        self._register(table, len(table.keys))
+    return allocate_and_promise
+
+
+@answer("07/promise_early")
+def promise_early() -> dict:
+    """Two sequences admitted with the same 10-token prompt before the first one's slots are planned,
+    with the promise where it is and with it made at admission (question 5)."""
+    from minipaged.kv.prefix_cache import PrefixCachingPolicy
+
+    def run():
+        p = PrefixCachingPolicy(64, block_size=4, watermark=0)
+        prompt = list(range(100, 110))
+        p.allocate("a", 10, 5, token_ids=prompt)
+        p.allocate("b", 10, 5, token_ids=prompt)
+        b_tokens = p.num_tokens("b")
+        p.append_slots("a", 10)
+        return {"b_tokens": b_tokens, "copies": [list(c) for c in p.drain_copies()],
+                "table_a": p.block_table("a"), "table_b": p.block_table("b")}
+
+    as_it_is = run()
+    with _patched(PrefixCachingPolicy, "allocate", _promise_at_admission(PrefixCachingPolicy.allocate)), \
+            _patched(PrefixCachingPolicy, "append_slots", _append_slots_without_promise):
+        early = run()
+    return {"as_it_is": as_it_is, "early": early}
+
+
 # ---------------------------------------------------------------- chapter 08
 
 
@@ -499,8 +535,10 @@ def longer_look() -> dict:
     out = {}
     for kind in ("open", "copy"):
         a = modes[kind]["1"]["acceptance"]
+        passes = {k: modes[kind][str(k)]["passes"] for k in (2, 4, 8, 16)}
         out[kind] = {"a": a, "ceiling": 1 / (1 - a),
-                     "tokens": {str(k): sum(a ** i for i in range(k + 1)) for k in (1, 2, 4, 8, 16)}}
+                     "tokens": {str(k): sum(a ** i for i in range(k + 1)) for k in (1, 2, 4, 8, 16)},
+                     "saved_2_to_4": passes[2] - passes[4], "saved_8_to_16": passes[8] - passes[16]}
     return out
 
 

@@ -29,6 +29,13 @@ In a chapter's text, two kinds of marker tie the words to a record:
   in seconds written in milliseconds (``ms:.0f``: 0.4531 is written ``453``). A path whose keys hold
   spaces is written in double quotes: ``<!-- fig: NAME "systems.whole prefills.itl_p99_s" ms:.0f -->``.
 
+A third marker ties a number to a deterministic computation instead of a record, for the numbers a
+worked answer computes in a moment (a simulator run, arithmetic on a model's shapes or on a record's
+figures): ``100<!-- calc: 06/saw_tooth steps d -->``. The name is one of the computations registered
+in ``minipaged/answers.py`` (``python -m minipaged.answers NN/NAME`` prints its results); path and spec
+are a figure's. ``render`` runs the computations the text names and rewrites the numbers, and
+``--check`` fails when one differs, as for a figure.
+
 A record of a GPU run (chapter 10's ``gpu_check``) names its GPU in ``machine["gpu"]``; it was measured
 on another machine by ``scripts/gpu_check.sh``, so ``measure`` skips it and says how to take it again.
 
@@ -53,7 +60,7 @@ import re
 import shlex
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -205,8 +212,10 @@ def _without_record(argv: list[str]) -> list[str]:
 
 NAME = r"(?:\d\d/)?[A-Za-z0-9_.-]+"  # a record of this chapter, or NN/NAME: one of chapter NN's
 BLOCK = re.compile(rf"<!-- record: (?P<name>{NAME})(?P<opts>[^>]*?) -->\n(?P<body>.*?)<!-- /record -->", re.S)
-FIG = re.compile(r"(?P<value>[0-9][0-9.,]*[%×]?|[−+-][0-9][0-9.,]*[%×]?)?"
-                 rf'<!-- fig: (?P<name>{NAME}) (?P<path>"[^"]+"|\S+) (?P<spec>\S+) -->')
+VALUE = r"(?P<value>[0-9][0-9.,]*[%×]?|[−+-][0-9][0-9.,]*[%×]?)?"  # the number a marker rewrites
+PATH_SPEC = r' (?P<path>"[^"]+"|\S+) (?P<spec>\S+) -->'
+FIG = re.compile(VALUE + rf"<!-- fig: (?P<name>{NAME})" + PATH_SPEC)
+CALC = re.compile(VALUE + r"<!-- calc: (?P<name>\d\d/[A-Za-z0-9_.-]+)" + PATH_SPEC)  # answers.py's NN/NAME
 PAGES = ROOT / "docs" / "pages"  # site pages may quote any chapter's records, as NN/NAME
 
 
@@ -278,6 +287,7 @@ class Rendered:
     text: str
     records: set[str]
     figures: int
+    calcs: set[str] = field(default_factory=set)  # the answers.py computations the text names
 
 
 def render_text(text: str, chapter: Path | None) -> Rendered:
@@ -311,9 +321,28 @@ def render_text(text: str, chapter: Path | None) -> Rendered:
                              f"the spec {m['spec']!r} cannot write ({e})") from None
         return written + m.group(0)[len(m["value"] or ""):]
 
+    calcs: set[str] = set()
+
+    def calc(m):
+        from minipaged import answers
+
+        calcs.add(m["name"])
+        try:
+            value = lookup({"results": answers.compute(m["name"])}, m["path"])
+        except (KeyError, IndexError, TypeError) as e:
+            raise ValueError(f"{where}: {m['path']!r} is not in the results of `python -m minipaged.answers "
+                             f"{m['name']}` ({e!r})") from None
+        try:
+            written = fmt(value, m["spec"])
+        except (ValueError, TypeError) as e:
+            raise ValueError(f"{where}: {m['path']!r} of answer {m['name']!r} is {value!r}, which the spec "
+                             f"{m['spec']!r} cannot write ({e})") from None
+        return written + m.group(0)[len(m["value"] or ""):]
+
     text = BLOCK.sub(block, text)
     text = FIG.sub(figure, text)
-    return Rendered(text, used, count)
+    text = CALC.sub(calc, text)
+    return Rendered(text, used, count, calcs)
 
 
 def chapters() -> list[Path]:

@@ -17,7 +17,8 @@ RECORDED = ["00_the-kv-cache", "01_contiguous-cache", "02_fixed-blocks", "03_blo
             "05_copy-on-write", "06_continuous-batching", "07_prefix-caching", "08_chunked-prefill",
             "09_speculative-decoding", "10_paged-attention-kernel"]
 
-NUMBER = re.compile(r"(?<![\w.])[−+-]?\d[\d,]*(?:\.\d+)?\s?(?:%|×)|(?<![\w.])\d+\.\d+(?![\w.])")
+# a percentage, a ratio (3.25×, 3 ×) or a decimal; "2 × 32" is a product, whose factors need not be figures
+NUMBER = re.compile(r"(?<![\w.])[−+-]?\d[\d,]*(?:\.\d+)?(?:\s?%|×|\s×(?!\s+[\d(#]))|(?<![\w.])\d+\.\d+(?![\w.])")
 CITED = re.compile(r"<!-- cited: [^>]* -->")
 
 
@@ -73,11 +74,13 @@ def _measured_sections(text: str):
 def _unrecorded_numbers(body: str) -> list[str]:
     body = records.BLOCK.sub("", body)
     body = re.sub(r"```.*?```", "", body, flags=re.S)  # commands and code
-    body = re.sub(r"`[^`\n]*`", "", body)  # inline code: options, not figures
-    body = records.FIG.sub("", body)
+    body = re.sub(r"`(?:[^`\n]|\n(?!\s*\n))*`", "", body)  # inline code, even over a line break: options
+    # a marked figure stays a number ("16 × 46,080<!-- calc: ... -->" is still a product)
+    body = records.CALC.sub("#", records.FIG.sub("#", body))
     body = re.sub(r"\S*\d\S*\s*" + CITED.pattern, "", body)
     body = re.sub(r"!\[[^\]]*\]\([^)]*\)|\]\([^)]*\)", "", body)  # image and link targets
     body = re.sub(r"§\d+(?:\.\d+)*", "", body)  # a paper's section numbers are not figures
+    body = re.sub(r"exercises? \d\d\.\d+", "", body)  # nor are the graded exercises' numbers
     return NUMBER.findall(body)
 
 
@@ -90,6 +93,38 @@ def test_every_measured_figure_has_a_record(name):
     loose = {heading: found for heading, body in sections if (found := _unrecorded_numbers(body))}
     assert not loose, (f"{name}: these figures are in no record; mark each with <!-- fig: NAME PATH SPEC --> "
                        f"(or <!-- cited: SOURCE --> for a number quoted from elsewhere): {loose}")
+
+
+# Chapters whose worked answers (under "Open questions") are wholly rendered from records and from the
+# computations of minipaged/answers.py.
+ANSWERED = ["06_continuous-batching", "07_prefix-caching", "08_chunked-prefill", "09_speculative-decoding",
+            "10_paged-attention-kernel", "11_serving"]
+
+
+def _worked_answers(text: str) -> list[str]:
+    """The body of every folded answer after the chapter's "### Open questions" heading."""
+    start = text.find("### Open questions")
+    assert start >= 0, "no Open questions section"
+    end = re.compile(r"^## ", re.M).search(text, start)
+    section = text[start:end.start() if end else len(text)]
+    return re.findall(r'<details markdown="1"><summary>Answer</summary>\n(.*?)</details>', section, re.S)
+
+
+@pytest.mark.parametrize("name", ANSWERED)
+def test_every_figure_in_a_worked_answer_has_a_record_or_a_computation(name):
+    answers = _worked_answers((records.CHAPTERS / name / "README.md").read_text())
+    assert len(answers) >= 5, f"{name}: found {len(answers)} worked answers"
+    loose = {i + 1: found for i, body in enumerate(answers) if (found := _unrecorded_numbers(body))}
+    assert not loose, (f"{name}: these figures in the worked answers (by question) come from nowhere; mark each "
+                       f"with <!-- fig: NAME PATH SPEC --> or <!-- calc: NN/NAME PATH SPEC --> "
+                       f"(minipaged/answers.py), or write an input as code: {loose}")
+
+
+def test_the_answer_scan_finds_loose_figures_and_skips_marked_ones():
+    text = ("### Open questions\n\n1. **Q.** Ask 2.5%?\n\n    <details markdown=\"1\"><summary>Answer</summary>\n\n"
+            "    It took 1.35 steps, 12.0%<!-- calc: 06/saw_tooth mean_batch .1% --> marked, `0.01` an input.\n\n"
+            "    </details>\n\n## Summary\nnot 9.5%\n")
+    assert [_unrecorded_numbers(body) for body in _worked_answers(text)] == [["1.35"]]
 
 
 # ---- the renderer itself, on a record made up here

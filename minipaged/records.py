@@ -290,7 +290,9 @@ class Rendered:
     calcs: set[str] = field(default_factory=set)  # the answers.py computations the text names
 
 
-def render_text(text: str, chapter: Path | None) -> Rendered:
+def render_text(text: str, chapter: Path | None, calcs: bool = True) -> Rendered:
+    """``text`` with its record blocks and figures rendered, and, unless ``calcs`` is False, its
+    computed figures (answers.py runs each computation once per process)."""
     used: set[str] = set()
     cache: dict[str, dict] = {}
     where = chapter.name if chapter is not None else "a docs page"
@@ -321,12 +323,12 @@ def render_text(text: str, chapter: Path | None) -> Rendered:
                              f"the spec {m['spec']!r} cannot write ({e})") from None
         return written + m.group(0)[len(m["value"] or ""):]
 
-    calcs: set[str] = set()
+    named: set[str] = set()
 
     def calc(m):
         from minipaged import answers
 
-        calcs.add(m["name"])
+        named.add(m["name"])
         try:
             value = lookup({"results": answers.compute(m["name"])}, m["path"])
         except (KeyError, IndexError, TypeError) as e:
@@ -341,8 +343,9 @@ def render_text(text: str, chapter: Path | None) -> Rendered:
 
     text = BLOCK.sub(block, text)
     text = FIG.sub(figure, text)
-    text = CALC.sub(calc, text)
-    return Rendered(text, used, count, calcs)
+    if calcs:
+        text = CALC.sub(calc, text)
+    return Rendered(text, used, count, named)
 
 
 def chapters() -> list[Path]:

@@ -16,7 +16,9 @@ The penalties come first and change what greedy decoding picks too, in vLLM's or
 A repetition penalty above 1 makes every token seen so far less likely, whichever its sign (HF
 Transformers' ``repetition_penalty`` is the same rule); the other two are OpenAI's, and look only at
 what the model wrote, not at the prompt. Log-probabilities are reported from the raw logits, before
-any of this, as vLLM V1 reports them.
+any of this, as vLLM V1 reports them. A logit the repetition penalty scales stays within
+±LOGIT_LIMIT (1e30): vLLM takes any penalty above 0, and an extreme one would otherwise make it
+infinite in float32, and the softmax over it NaN.
 
 Not handled yet: penalties computed on the device for the whole batch at once (this is one row at a
 time, and costs a pass over the sequence's tokens per sampled token).
@@ -46,6 +48,11 @@ def sample_seed(seed: int | None, index: int) -> int | None:
     return (seed + index * 0x9E3779B97F4A7C15) % (2**63)
 
 
+# How far the repetition penalty may push a logit either way. Divided by the smallest temperature that
+# samples (1e-5), it is still a finite float32 (the largest is about 3.4e38).
+LOGIT_LIMIT = 1e30
+
+
 def penalized_logits(logits: torch.Tensor, params: SamplingParams, prompt_ids: list[int],
                      output_ids: list[int]) -> torch.Tensor:
     """logits [V] with params' logit bias and penalties applied (a new float32 tensor; see above)."""
@@ -59,8 +66,11 @@ def penalized_logits(logits: torch.Tensor, params: SamplingParams, prompt_ids: l
         seen = counts > 0  # [V]
         if prompt_ids:
             seen[torch.tensor(prompt_ids, dtype=torch.long)] = True
-        scale = torch.where(logits > 0, 1 / params.repetition_penalty, params.repetition_penalty)
-        logits = torch.where(seen, logits * scale, logits)
+        # in float64, then clamped: any penalty above 0 is allowed, and 1e-300 or 1e300 (or 1e-37 on
+        # a biased logit of 100) would make a float32 logit infinite, and softmax over it NaN
+        wide, p = logits.double(), params.repetition_penalty  # [V]
+        scaled = torch.where(wide > 0, wide * (1 / p), wide * p).clamp(-LOGIT_LIMIT, LOGIT_LIMIT)  # [V]
+        logits = torch.where(seen, scaled.float(), logits)
     logits -= params.frequency_penalty * counts + params.presence_penalty * (counts > 0)
     return logits
 

@@ -173,3 +173,40 @@ def test_logprobs_stay_the_raw_models(tiny_llm):
     assert pushed.token_ids == [5]
     for token, lp in raw.items():
         assert math.isclose(pushed.logprobs[0][token], lp, abs_tol=1e-6)
+
+
+# ---------------------------------------------------------------- extreme penalties stay finite
+
+@pytest.mark.parametrize("penalty", [5e-324, 1e-300, 1e-37, 1e37, 1e300])
+def test_an_extreme_repetition_penalty_keeps_every_logit_finite(penalty):
+    """vLLM takes any repetition penalty above 0. In float32, 1e300 (or 1e-37 on a biased logit of
+    100) is an infinite logit, and a softmax over it NaN: the sampler failed, and with it the whole
+    engine step of every request in the batch. The scaled logits stay within ±LOGIT_LIMIT instead,
+    in the order the penalty puts them."""
+    from minipaged.sampling import LOGIT_LIMIT, sample_token
+
+    logits = torch.tensor([3.0, -2.0, 0.0, 5.0, -7.0, 1.0])
+    params = SamplingParams(repetition_penalty=penalty, logit_bias={0: 100.0, 3: 100.0}, temperature=1e-5)
+    out = penalized_logits(logits, params, [0, 1, 2, 3], [4])  # token 5 alone is unseen
+    assert torch.isfinite(out).all() and out.abs().max() <= LOGIT_LIMIT
+    assert out[5] == 1.0 and out[2] == 0.0  # unseen, and a zero logit, are left alone
+    if penalty < 1:  # seen positives pushed up, seen negatives pulled toward 0
+        assert out[0] >= out[3] > out[5] > out[1] >= out[4] > -1e-30
+    else:  # seen positives pulled toward 0, seen negatives pushed down
+        assert out[5] > out[3] >= out[0] >= 0 >= out[1] >= out[4]
+    g = torch.Generator().manual_seed(0)
+    for temperature in (1e-5, 1.0):  # the smallest temperature that samples divides by 1e-5
+        token = sample_token(out, SamplingParams(temperature=temperature), g)
+        assert token in ((0, 3) if penalty < 1 else (5,))
+
+
+def test_an_extreme_repetition_penalty_fails_no_step(tiny_llm):
+    """Sampled beside an ordinary request: both finish, and every block is back."""
+    prompt = [5, 9] * 20  # the biased tokens are in the prompt: the penalty scales them
+    params = [SamplingParams(temperature=1.0, seed=1, max_tokens=6, ignore_eos=True, repetition_penalty=penalty,
+                             logit_bias={5: 100.0, 9: 100.0}) for penalty in (1e-37, 1e300)]
+    outs = tiny_llm.generate([prompt, prompt, "beside them"], [*params, SamplingParams(max_tokens=6)], use_tqdm=False)
+    assert set(outs[0].outputs[0].token_ids) <= {5, 9}  # pushed up as far as they go
+    assert 5 not in outs[1].outputs[0].token_ids and 9 not in outs[1].outputs[0].token_ids
+    assert all(o.finished and o.outputs[0].finish_reason == "length" for o in outs)
+    tiny_llm.engine.check_invariants(idle=True)

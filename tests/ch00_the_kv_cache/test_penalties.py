@@ -75,6 +75,25 @@ def test_bad_values_name_the_field(field, value):
         SamplingParams(**{field: value})
 
 
+@pytest.mark.parametrize("bias", [{"5": 1.0, 5: -1.0}, {"5": 1.0, "05": -1.0}, {"05": 1.0, 5: 2.0}])
+def test_a_token_named_twice_in_logit_bias_is_refused(bias):
+    """Both keys mean token 5: which bias was meant? (Before, the last one won, silently.)"""
+    with pytest.raises(ValueError, match=r"SamplingParams.logit_bias=.*not allowed: .*token 5 is named more than once"):
+        SamplingParams(logit_bias=bias)
+    assert SamplingParams(logit_bias={"05": 1.0}).logit_bias == {5: 1.0}  # alone, it is token 5, as int() reads it
+
+
+def test_ten_thousand_bad_token_ids_give_a_short_message(tiny_llm):
+    """Every out-of-vocabulary key used to be echoed back: a 100 kB error for a 10,000-key bias."""
+    for params in (SamplingParams(logit_bias={i: 1.0 for i in range(10_000)}),
+                   SamplingParams(stop_token_ids=list(range(10_000)))):
+        with pytest.raises(ValueError) as e:
+            tiny_llm.generate(["hi"], params, use_tqdm=False)
+        assert len(str(e.value)) < 300 and "not allowed: token ids in [0, 259)" in str(e.value)
+        assert "259" in str(e.value) and "... 9733 more" in str(e.value)  # 9,741 bad ones: the first 8 shown
+    tiny_llm.engine.check_invariants(idle=True)
+
+
 def test_logit_bias_is_clamped_like_vllm_and_checked_against_the_vocabulary(tiny_llm):
     assert SamplingParams(logit_bias={"7": 300, 9: -1e6}).logit_bias == {7: 100.0, 9: -100.0}
     vocab = tiny_llm.model.config.vocab_size

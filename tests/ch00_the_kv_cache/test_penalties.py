@@ -1,7 +1,8 @@
 """Penalties and logit bias (minipaged/sampling.py), with vLLM's meanings: each checked against a
 straightforward loop over the vocabulary written here, the repetition penalty also against HF
 Transformers' own processor, and the whole engine's choices against the same rule applied by hand.
-Then they compose: n, seeds, prefix caching, chunked prefill and speculation change no token."""
+Then they compose: n, seeds, prefix caching, chunked prefill, speculation and preemption (by recompute
+or swap) change no token."""
 
 import math
 
@@ -229,3 +230,25 @@ def test_an_extreme_repetition_penalty_fails_no_step(tiny_llm):
     assert 5 not in outs[1].outputs[0].token_ids and 9 not in outs[1].outputs[0].token_ids
     assert all(o.finished and o.outputs[0].finish_reason == "length" for o in outs)
     tiny_llm.engine.check_invariants(idle=True)
+
+
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_a_preempted_sequence_keeps_penalizing_its_history(mode, temperature):
+    """A pool of 12 blocks of 4 tokens cannot hold 5 samples of 30 tokens: the newest are preempted
+    and come back (prefilled again, or swapped in). Each must go on penalizing the tokens it wrote
+    before it left, so its tokens are those of a pool where nothing is preempted."""
+    prompts = [[65 + i] * 6 for i in range(4)]
+    params = [SamplingParams(temperature=temperature, seed=3 + i, n=n, max_tokens=24, ignore_eos=True, **PUSHED)
+              for i, n in enumerate((1, 2, 1, 1))]
+    swap = dict(swap_space_tokens=256) if mode == "swap" else {}
+    small = LLM("tiny", block_size=4, kv_capacity_tokens=48, preemption_mode=mode, watermark=0.0, progress=False,
+                **swap)
+    got = engine_tokens(small, prompts, params)
+    assert small.engine.stats["preempted_" + mode] > 0, "nothing was preempted: the test proves nothing"
+    roomy = LLM("tiny", progress=False)
+    assert got == engine_tokens(roomy, prompts, params)
+    plain = [SamplingParams(temperature=temperature, seed=3 + i, n=n, max_tokens=24, ignore_eos=True)
+             for i, n in enumerate((1, 2, 1, 1))]
+    assert got != engine_tokens(roomy, prompts, plain)  # the penalties mattered
+    small.engine.check_invariants(idle=True)

@@ -5,7 +5,9 @@ Each sample owns a torch.Generator seeded from SamplingParams.seed, so its rando
 nothing else in the batch: the same seed gives the same text whether the request runs alone or next
 to a hundred others.
 
-The penalties come first and change what greedy decoding picks too, in vLLM's order:
+While the output is shorter than min_tokens, EOS and the stop token ids are masked (-inf) after the
+penalties, as vLLM's sampler masks them. The penalties come first and change what greedy decoding
+picks too, in vLLM's order:
 
     logits[t] += logit_bias[t]                               for each biased token t
     logits[t] /= repetition_penalty  (if logits[t] > 0)       for each t in the prompt or the output
@@ -73,6 +75,14 @@ def penalized_logits(logits: torch.Tensor, params: SamplingParams, prompt_ids: l
         logits = torch.where(seen, scaled.float(), logits)
     logits -= params.frequency_penalty * counts + params.presence_penalty * (counts > 0)
     return logits
+
+
+def without_stop_tokens(logits: torch.Tensor, params: SamplingParams, eos_token_id: int | None) -> torch.Tensor:
+    """logits [V] with EOS and params.stop_token_ids at -inf (a new tensor): while an output is
+    shorter than min_tokens, vLLM's sampler never chooses a token that would end it (even with
+    ignore_eos, EOS is masked). SamplingParams.validate_for keeps at least one other token."""
+    ids = list(params.stop_token_ids) + ([] if eos_token_id is None or eos_token_id < 0 else [eos_token_id])
+    return logits.index_fill(0, torch.tensor(ids, dtype=torch.long), float("-inf"))
 
 
 def processed_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:

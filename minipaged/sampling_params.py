@@ -135,7 +135,7 @@ class SamplingParams:
     stop_token_ids: list[int] | None = None  # token ids that end the output
     ignore_eos: bool = False  # keep going past the end-of-sequence token
     max_tokens: int | None = 16  # at most this many new tokens; None: up to the context length
-    min_tokens: int = 0  # EOS, stop token ids and stop strings are ignored until this many tokens exist
+    min_tokens: int = 0  # EOS and stop token ids are not chosen, and stop strings ignored, until this many tokens exist
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     logprobs: int | None = None  # also return the log-probabilities of this many top tokens per step
@@ -217,6 +217,9 @@ class SamplingParams:
         bad = [i for i in self.stop_token_ids if i >= vocab_size]
         if bad:
             _fail("stop_token_ids", _Few(bad), f"token ids in [0, {vocab_size})")
+        if self.min_tokens and len(set(self.stop_token_ids)) >= vocab_size - 1:  # with EOS: every token
+            _fail("stop_token_ids", _Few(self.stop_token_ids), f"at most {vocab_size - 2} distinct ids with "
+                  "min_tokens > 0: until then they and EOS are masked, and some token must be left to choose")
         bad = [i for i in (self.logit_bias or {}) if i >= vocab_size]
         if bad:
             _fail("logit_bias", _Few({i: self.logit_bias[i] for i in bad}), f"token ids in [0, {vocab_size}) as keys")

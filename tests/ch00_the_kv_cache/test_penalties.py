@@ -252,3 +252,48 @@ def test_a_preempted_sequence_keeps_penalizing_its_history(mode, temperature):
              for i, n in enumerate((1, 2, 1, 1))]
     assert got != engine_tokens(roomy, prompts, plain)  # the penalties mattered
     small.engine.check_invariants(idle=True)
+
+
+# ---------------------------------------------------------------- min_tokens masks the stop tokens
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_min_tokens_masks_eos_and_stop_token_ids_as_vllm_does(tiny_llm, temperature):
+    """vLLM's sampler sets EOS and the stop token ids to -inf until the output has min_tokens tokens,
+    so none of them is written before then (even with ignore_eos). They used to be chosen and merely
+    not obeyed: a bias of 100 on EOS gave [EOS, EOS, EOS, EOS] for min_tokens=3."""
+    eos = tiny_llm.engine.core.eos_token_id
+    prompt = tiny_llm.tokenizer.encode("hi")
+    for stop_ids, favoured in (([], eos), ([7, 8], 7)):
+        params = SamplingParams(temperature=temperature, seed=2, min_tokens=3, max_tokens=8, stop_token_ids=stop_ids,
+                                logit_bias={favoured: 100.0}, logprobs=1)
+        out = tiny_llm.generate([prompt], params, use_tqdm=False)[0].outputs[0]
+        assert len(out.token_ids) == 4 and out.token_ids[3] == favoured and out.finish_reason == "stop"
+        assert not {eos, *stop_ids} & set(out.token_ids[:3])
+        if temperature == 0:  # the first three are the argmax over the other tokens
+            assert out.token_ids[:3] == by_hand_greedy_masked(tiny_llm, prompt, params, {eos, *stop_ids}, 3)
+        raw = tiny_llm.model(torch.tensor(prompt), torch.arange(len(prompt)), _no_cache())[-1]
+        assert math.isclose(out.logprobs[0][out.token_ids[0]],
+                            float(torch.log_softmax(raw.float(), -1)[out.token_ids[0]]), abs_tol=1e-5)  # raw
+    ignoring = SamplingParams(temperature=0, min_tokens=3, max_tokens=5, ignore_eos=True, logit_bias={eos: 100.0})
+    assert tiny_llm.generate([prompt], ignoring, use_tqdm=False)[0].outputs[0].token_ids[:4] == [
+        *by_hand_greedy_masked(tiny_llm, prompt, ignoring, {eos}, 3), eos]
+    with pytest.raises(ValueError, match=r"SamplingParams.stop_token_ids=.*some token must be left"):
+        tiny_llm.generate([prompt], SamplingParams(min_tokens=1, stop_token_ids=list(range(258))), use_tqdm=False)
+    tiny_llm.engine.check_invariants(idle=True)
+
+
+def _no_cache():
+    from minipaged.kv.per_request import NoCache
+
+    return NoCache()
+
+
+def by_hand_greedy_masked(llm, prompt_ids, params, masked, steps):
+    out = []
+    for _ in range(steps):
+        ids = prompt_ids + out
+        logits = naive_penalties(llm.model(torch.tensor(ids), torch.arange(len(ids)), _no_cache())[-1], prompt_ids,
+                                 out, bias=params.logit_bias)
+        logits[sorted(masked)] = float("-inf")
+        out.append(int(logits.argmax()))
+    return out

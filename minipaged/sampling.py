@@ -1,19 +1,18 @@
-"""Turn one row of logits into the next token: logit bias and penalties, then greedy, temperature,
-top-k, top-p, min-p.
+"""Turn one row of logits into the next token: logit bias, penalties and the min_tokens mask, then
+greedy, temperature, top-k, top-p, min-p.
 
 Each sample owns a torch.Generator seeded from SamplingParams.seed, so its random draws depend on
 nothing else in the batch: the same seed gives the same text whether the request runs alone or next
 to a hundred others.
 
-While the output is shorter than min_tokens, EOS and the stop token ids are masked (-inf) after the
-penalties, as vLLM's sampler masks them. The penalties come first and change what greedy decoding
-picks too, in vLLM's order:
+The penalties come first and change what greedy decoding picks too, in vLLM's order:
 
     logits[t] += logit_bias[t]                               for each biased token t
     logits[t] /= repetition_penalty  (if logits[t] > 0)       for each t in the prompt or the output
     logits[t] *= repetition_penalty  (if logits[t] <= 0)
     logits[t] -= frequency_penalty * count of t in the output
     logits[t] -= presence_penalty * (1 if t is in the output)
+    logits[t] = -inf   for EOS and each stop token id, while the output is shorter than min_tokens
 
 A repetition penalty above 1 makes every token seen so far less likely, whichever its sign (HF
 Transformers' ``repetition_penalty`` is the same rule); the other two are OpenAI's, and look only at

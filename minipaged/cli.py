@@ -72,10 +72,11 @@ def _print_outputs(outputs, as_json):
 def cmd_chat(args) -> int:
     from minipaged import LLM
 
+    params = _sampling_params(args)  # a bad option fails before the weights load
     llm = LLM(args.model, dtype=args.dtype)
     messages = [{"role": "system", "content": args.system}] if args.system else []
     messages.append({"role": "user", "content": args.message})
-    _print_outputs(llm.chat(messages, _sampling_params(args), use_tqdm=False), args.json)
+    _print_outputs(llm.chat(messages, params, use_tqdm=False), args.json)
     return 0
 
 
@@ -89,8 +90,9 @@ def cmd_generate(args) -> int:
     if not prompts:
         print("generate: give prompts as arguments or with --file (one prompt per line)", file=sys.stderr)
         return 2
+    params = _sampling_params(args)  # a bad option fails before the weights load
     llm = LLM(args.model, dtype=args.dtype)
-    _print_outputs(llm.generate(prompts, _sampling_params(args)), args.json)
+    _print_outputs(llm.generate(prompts, params), args.json)
     return 0
 
 

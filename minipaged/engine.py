@@ -23,7 +23,7 @@ import time
 import torch
 
 from minipaged.kv.per_request import NoCache, PerRequestKVCache
-from minipaged.sampling import make_generator, penalized_logits, sample_token
+from minipaged.sampling import make_generator, penalized_logits, sample_token, without_stop_tokens
 from minipaged.sequence import Sequence
 
 
@@ -33,12 +33,16 @@ def next_token(seq: Sequence, logits: torch.Tensor, generator, tokenizer, logpro
 
     A batched caller may pass what it computed for all rows at once: ``logprobs`` (log_softmax of
     the logits) and ``greedy_token`` (their argmax). Penalties and a logit bias (sampling.py) change
-    which token is chosen, from the sequence's own prompt and output so far; the reported
+    which token is chosen, from the sequence's own prompt and output so far, and so does min_tokens
+    (EOS and the stop token ids are masked until the output has that many tokens); the reported
     log-probabilities stay those of the raw logits."""
     logp = torch.log_softmax(logits.float(), dim=-1) if logprobs is None else logprobs
     if seq.params.penalized:
         logits = penalized_logits(logits, seq.params, seq.prompt_ids, seq.output_ids)  # [V]
         greedy_token = None  # the raw argmax no longer decides
+    if len(seq.output_ids) < seq.params.min_tokens:  # EOS and the stop token ids cannot be chosen yet
+        logits = without_stop_tokens(logits, seq.params, seq.eos_token_id)  # [V]
+        greedy_token = None
     if seq.params.greedy:
         token = int(torch.argmax(logits)) if greedy_token is None else greedy_token
     else:

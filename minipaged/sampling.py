@@ -1,5 +1,5 @@
-"""Turn one row of logits into the next token: logit bias and penalties, then greedy, temperature,
-top-k, top-p, min-p.
+"""Turn one row of logits into the next token: logit bias, penalties and the min_tokens mask, then
+greedy, temperature, top-k, top-p, min-p.
 
 Each sample owns a torch.Generator seeded from SamplingParams.seed, so its random draws depend on
 nothing else in the batch: the same seed gives the same text whether the request runs alone or next
@@ -12,11 +12,14 @@ The penalties come first and change what greedy decoding picks too, in vLLM's or
     logits[t] *= repetition_penalty  (if logits[t] <= 0)
     logits[t] -= frequency_penalty * count of t in the output
     logits[t] -= presence_penalty * (1 if t is in the output)
+    logits[t] = -inf   for EOS and each stop token id, while the output is shorter than min_tokens
 
 A repetition penalty above 1 makes every token seen so far less likely, whichever its sign (HF
 Transformers' ``repetition_penalty`` is the same rule); the other two are OpenAI's, and look only at
 what the model wrote, not at the prompt. Log-probabilities are reported from the raw logits, before
-any of this, as vLLM V1 reports them.
+any of this, as vLLM V1 reports them. A logit the repetition penalty scales stays within
+±LOGIT_LIMIT (1e30): vLLM takes any penalty above 0, and an extreme one would otherwise make it
+infinite in float32, and the softmax over it NaN.
 
 Not handled yet: penalties computed on the device for the whole batch at once (this is one row at a
 time, and costs a pass over the sequence's tokens per sampled token).
@@ -46,6 +49,11 @@ def sample_seed(seed: int | None, index: int) -> int | None:
     return (seed + index * 0x9E3779B97F4A7C15) % (2**63)
 
 
+# How far the repetition penalty may push a logit either way. Divided by the smallest temperature that
+# samples (1e-5), it is still a finite float32 (the largest is about 3.4e38).
+LOGIT_LIMIT = 1e30
+
+
 def penalized_logits(logits: torch.Tensor, params: SamplingParams, prompt_ids: list[int],
                      output_ids: list[int]) -> torch.Tensor:
     """logits [V] with params' logit bias and penalties applied (a new float32 tensor; see above)."""
@@ -59,10 +67,21 @@ def penalized_logits(logits: torch.Tensor, params: SamplingParams, prompt_ids: l
         seen = counts > 0  # [V]
         if prompt_ids:
             seen[torch.tensor(prompt_ids, dtype=torch.long)] = True
-        scale = torch.where(logits > 0, 1 / params.repetition_penalty, params.repetition_penalty)
-        logits = torch.where(seen, logits * scale, logits)
+        # in float64, then clamped: any penalty above 0 is allowed, and 1e-300 or 1e300 (or 1e-37 on
+        # a biased logit of 100) would make a float32 logit infinite, and softmax over it NaN
+        wide, p = logits.double(), params.repetition_penalty  # [V]
+        scaled = torch.where(wide > 0, wide * (1 / p), wide * p).clamp(-LOGIT_LIMIT, LOGIT_LIMIT)  # [V]
+        logits = torch.where(seen, scaled.float(), logits)
     logits -= params.frequency_penalty * counts + params.presence_penalty * (counts > 0)
     return logits
+
+
+def without_stop_tokens(logits: torch.Tensor, params: SamplingParams, eos_token_id: int | None) -> torch.Tensor:
+    """logits [V] with EOS and params.stop_token_ids at -inf (a new tensor): while an output is
+    shorter than min_tokens, vLLM's sampler never chooses a token that would end it (even with
+    ignore_eos, EOS is masked). SamplingParams.validate_for keeps at least one other token."""
+    ids = list(params.stop_token_ids) + ([] if eos_token_id is None or eos_token_id < 0 else [eos_token_id])
+    return logits.index_fill(0, torch.tensor(ids, dtype=torch.long), float("-inf"))
 
 
 def processed_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:

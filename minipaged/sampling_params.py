@@ -73,6 +73,29 @@ def _known_fields_only(cls):
     return cls
 
 
+def _same_token(key, token: int) -> bool:
+    return isinstance(key, str) and key.isascii() and key.isdigit() and int(key) == token
+
+
+class _Few:
+    """A list or dict shown in an error message by its first few items and how many more, so that
+    a request with ten thousand bad token ids does not get them all back."""
+
+    LIMIT = 8
+
+    def __init__(self, items):
+        self.items = items
+
+    def __repr__(self) -> str:
+        if len(self.items) <= self.LIMIT:
+            return repr(self.items)
+        more = f", ... {len(self.items) - self.LIMIT} more"
+        if isinstance(self.items, dict):
+            head = ", ".join(f"{k!r}: {v!r}" for k, v in list(self.items.items())[:self.LIMIT])
+            return "{" + head + more + "}"
+        return "[" + ", ".join(repr(i) for i in self.items[:self.LIMIT]) + more + "]"
+
+
 def _checked_bias(bias) -> dict[int, float] | None:
     """logit_bias as {token id: bias}, each bias clamped to [-100, 100] as vLLM's server does (a bias of
     100 all but forces a token, -100 all but bans it). Keys may be integer strings, as JSON sends them."""
@@ -86,6 +109,9 @@ def _checked_bias(bias) -> dict[int, float] | None:
         token = int(key) if isinstance(key, str) and key.isascii() and key.isdigit() else key
         if not _is_int(token) or token < 0 or not _is_number(value) or abs(value) == float("inf"):
             _fail("logit_bias", {key: value}, allowed + ", each number finite")
+        if token in checked:  # 5 and "5", or "5" and "05": which bias was meant?
+            _fail("logit_bias", {k: v for k, v in bias.items() if k == token or _same_token(k, token)},
+                  allowed + f"; token {token} is named more than once")
         checked[int(token)] = float(min(100.0, max(-100.0, value)))
     return checked or None
 
@@ -109,7 +135,7 @@ class SamplingParams:
     stop_token_ids: list[int] | None = None  # token ids that end the output
     ignore_eos: bool = False  # keep going past the end-of-sequence token
     max_tokens: int | None = 16  # at most this many new tokens; None: up to the context length
-    min_tokens: int = 0  # EOS, stop token ids and stop strings are ignored until this many tokens exist
+    min_tokens: int = 0  # EOS and stop token ids are not chosen, and stop strings ignored, until this many tokens exist
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     logprobs: int | None = None  # also return the log-probabilities of this many top tokens per step
@@ -190,10 +216,13 @@ class SamplingParams:
         self.validate()
         bad = [i for i in self.stop_token_ids if i >= vocab_size]
         if bad:
-            _fail("stop_token_ids", bad, f"token ids in [0, {vocab_size})")
+            _fail("stop_token_ids", _Few(bad), f"token ids in [0, {vocab_size})")
+        if self.min_tokens and len(set(self.stop_token_ids)) >= vocab_size - 1:  # with EOS: every token
+            _fail("stop_token_ids", _Few(self.stop_token_ids), f"at most {vocab_size - 2} distinct ids with "
+                  "min_tokens > 0: until then they and EOS are masked, and some token must be left to choose")
         bad = [i for i in (self.logit_bias or {}) if i >= vocab_size]
         if bad:
-            _fail("logit_bias", {i: self.logit_bias[i] for i in bad}, f"token ids in [0, {vocab_size}) as keys")
+            _fail("logit_bias", _Few({i: self.logit_bias[i] for i in bad}), f"token ids in [0, {vocab_size}) as keys")
         if self.logprobs is not None and self.logprobs > vocab_size:
             _fail("logprobs", self.logprobs, f"an integer in [0, {vocab_size}] (the vocabulary size), or None")
         if max_num_seqs is not None and self.n > max_num_seqs:

@@ -28,7 +28,7 @@ vllm/v1/engine/async_llm.py vllm/v1/engine/core.py vllm/v1/engine/core_client.py
 vllm/v1/engine/detokenizer.py vllm/v1/engine/llm_engine.py vllm/v1/engine/output_processor.py
 vllm/v1/engine/parallel_sampling.py vllm/v1/engine/processor.py vllm/v1/kv_cache_interface.py vllm/v1/request.py
 vllm/v1/metrics/loggers.py vllm/v1/metrics/reader.py vllm/v1/sample/rejection_sampler.py
-vllm/v1/serial_utils.py vllm/v1/worker/block_table.py vllm/v1/worker/gpu_model_runner.py
+vllm/v1/serial_utils.py vllm/v1/spec_decode/utils.py vllm/v1/worker/block_table.py vllm/v1/worker/gpu_model_runner.py
 vllm/v1/worker/gpu_worker.py vllm/worker/cache_engine.py vllm/worker/model_runner.py vllm/worker/worker.py
 """.split())
 

@@ -63,3 +63,18 @@ def test_penalty_options_reach_sampling(capsys):
     assert got == want
     assert main(["generate", "--model", "tiny", "--presence-penalty", "3", "hello"]) == 2
     assert "SamplingParams.presence_penalty=3.0" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", [["generate", "hello"], ["chat", "hello"]])
+@pytest.mark.parametrize("option", [["--repetition-penalty", "0"], ["--frequency-penalty", "nan"], ["--top-p", "2"]])
+def test_a_bad_sampling_option_fails_before_the_model_loads(monkeypatch, capsys, command, option):
+    """SmolLM2's weights take seconds to load: a bad option is reported before that, not after."""
+    import minipaged
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model was loaded before the options were checked")
+
+    monkeypatch.setattr(minipaged, "LLM", no_model)
+    assert main([command[0], "--model", "tiny", *option, command[1]]) == 2
+    err = capsys.readouterr().err
+    assert f"SamplingParams.{option[0][2:].replace('-', '_')}=" in err and "Traceback" not in err

@@ -1,7 +1,8 @@
 """Penalties and logit bias (minipaged/sampling.py), with vLLM's meanings: each checked against a
 straightforward loop over the vocabulary written here, the repetition penalty also against HF
 Transformers' own processor, and the whole engine's choices against the same rule applied by hand.
-Then they compose: n, seeds, prefix caching, chunked prefill and speculation change no token."""
+Then they compose: n, seeds, prefix caching, chunked prefill, speculation and preemption (by recompute
+or swap) change no token."""
 
 import math
 
@@ -73,6 +74,25 @@ def test_presence_and_frequency_ignore_the_prompt_repetition_does_not():
 def test_bad_values_name_the_field(field, value):
     with pytest.raises(ValueError, match=f"SamplingParams.{field}=.*not allowed"):
         SamplingParams(**{field: value})
+
+
+@pytest.mark.parametrize("bias", [{"5": 1.0, 5: -1.0}, {"5": 1.0, "05": -1.0}, {"05": 1.0, 5: 2.0}])
+def test_a_token_named_twice_in_logit_bias_is_refused(bias):
+    """Both keys mean token 5: which bias was meant? (Before, the last one won, silently.)"""
+    with pytest.raises(ValueError, match=r"SamplingParams.logit_bias=.*not allowed: .*token 5 is named more than once"):
+        SamplingParams(logit_bias=bias)
+    assert SamplingParams(logit_bias={"05": 1.0}).logit_bias == {5: 1.0}  # alone, it is token 5, as int() reads it
+
+
+def test_ten_thousand_bad_token_ids_give_a_short_message(tiny_llm):
+    """Every out-of-vocabulary key used to be echoed back: a 100 kB error for a 10,000-key bias."""
+    for params in (SamplingParams(logit_bias={i: 1.0 for i in range(10_000)}),
+                   SamplingParams(stop_token_ids=list(range(10_000)))):
+        with pytest.raises(ValueError) as e:
+            tiny_llm.generate(["hi"], params, use_tqdm=False)
+        assert len(str(e.value)) < 300 and "not allowed: token ids in [0, 259)" in str(e.value)
+        assert "259" in str(e.value) and "... 9733 more" in str(e.value)  # 9,741 bad ones: the first 8 shown
+    tiny_llm.engine.check_invariants(idle=True)
 
 
 def test_logit_bias_is_clamped_like_vllm_and_checked_against_the_vocabulary(tiny_llm):
@@ -173,3 +193,107 @@ def test_logprobs_stay_the_raw_models(tiny_llm):
     assert pushed.token_ids == [5]
     for token, lp in raw.items():
         assert math.isclose(pushed.logprobs[0][token], lp, abs_tol=1e-6)
+
+
+# ---------------------------------------------------------------- extreme penalties stay finite
+
+@pytest.mark.parametrize("penalty", [5e-324, 1e-300, 1e-37, 1e37, 1e300])
+def test_an_extreme_repetition_penalty_keeps_every_logit_finite(penalty):
+    """vLLM takes any repetition penalty above 0. In float32, 1e300 (or 1e-37 on a biased logit of
+    100) is an infinite logit, and a softmax over it NaN: the sampler failed, and with it the whole
+    engine step of every request in the batch. The scaled logits stay within ±LOGIT_LIMIT instead,
+    in the order the penalty puts them."""
+    from minipaged.sampling import LOGIT_LIMIT, sample_token
+
+    logits = torch.tensor([3.0, -2.0, 0.0, 5.0, -7.0, 1.0])
+    params = SamplingParams(repetition_penalty=penalty, logit_bias={0: 100.0, 3: 100.0}, temperature=1e-5)
+    out = penalized_logits(logits, params, [0, 1, 2, 3], [4])  # token 5 alone is unseen
+    assert torch.isfinite(out).all() and out.abs().max() <= LOGIT_LIMIT
+    assert out[5] == 1.0 and out[2] == 0.0  # unseen, and a zero logit, are left alone
+    if penalty < 1:  # seen positives pushed up, seen negatives pulled toward 0
+        assert out[0] >= out[3] > out[5] > out[1] >= out[4] > -1e-30
+    else:  # seen positives pulled toward 0, seen negatives pushed down
+        assert out[5] > out[3] >= out[0] >= 0 >= out[1] >= out[4]
+    g = torch.Generator().manual_seed(0)
+    for temperature in (1e-5, 1.0):  # the smallest temperature that samples divides by 1e-5
+        token = sample_token(out, SamplingParams(temperature=temperature), g)
+        assert token in ((0, 3) if penalty < 1 else (5,))
+
+
+def test_an_extreme_repetition_penalty_fails_no_step(tiny_llm):
+    """Sampled beside an ordinary request: both finish, and every block is back."""
+    prompt = [5, 9] * 20  # the biased tokens are in the prompt: the penalty scales them
+    params = [SamplingParams(temperature=1.0, seed=1, max_tokens=6, ignore_eos=True, repetition_penalty=penalty,
+                             logit_bias={5: 100.0, 9: 100.0}) for penalty in (1e-37, 1e300)]
+    outs = tiny_llm.generate([prompt, prompt, "beside them"], [*params, SamplingParams(max_tokens=6)], use_tqdm=False)
+    assert set(outs[0].outputs[0].token_ids) <= {5, 9}  # pushed up as far as they go
+    assert 5 not in outs[1].outputs[0].token_ids and 9 not in outs[1].outputs[0].token_ids
+    assert all(o.finished and o.outputs[0].finish_reason == "length" for o in outs)
+    tiny_llm.engine.check_invariants(idle=True)
+
+
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_a_preempted_sequence_keeps_penalizing_its_history(mode, temperature):
+    """A pool of 12 blocks of 4 tokens cannot hold 5 samples of 30 tokens: the newest are preempted
+    and come back (prefilled again, or swapped in). Each must go on penalizing the tokens it wrote
+    before it left, so its tokens are those of a pool where nothing is preempted."""
+    prompts = [[65 + i] * 6 for i in range(4)]
+    params = [SamplingParams(temperature=temperature, seed=3 + i, n=n, max_tokens=24, ignore_eos=True, **PUSHED)
+              for i, n in enumerate((1, 2, 1, 1))]
+    swap = dict(swap_space_tokens=256) if mode == "swap" else {}
+    small = LLM("tiny", block_size=4, kv_capacity_tokens=48, preemption_mode=mode, watermark=0.0, progress=False,
+                **swap)
+    got = engine_tokens(small, prompts, params)
+    assert small.engine.stats["preempted_" + mode] > 0, "nothing was preempted: the test proves nothing"
+    roomy = LLM("tiny", progress=False)
+    assert got == engine_tokens(roomy, prompts, params)
+    plain = [SamplingParams(temperature=temperature, seed=3 + i, n=n, max_tokens=24, ignore_eos=True)
+             for i, n in enumerate((1, 2, 1, 1))]
+    assert got != engine_tokens(roomy, prompts, plain)  # the penalties mattered
+    small.engine.check_invariants(idle=True)
+
+
+# ---------------------------------------------------------------- min_tokens masks the stop tokens
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_min_tokens_masks_eos_and_stop_token_ids_as_vllm_does(tiny_llm, temperature):
+    """vLLM's sampler sets EOS and the stop token ids to -inf until the output has min_tokens tokens,
+    so none of them is written before then (even with ignore_eos). They used to be chosen and merely
+    not obeyed: a bias of 100 on EOS gave [EOS, EOS, EOS, EOS] for min_tokens=3."""
+    eos = tiny_llm.engine.core.eos_token_id
+    prompt = tiny_llm.tokenizer.encode("hi")
+    for stop_ids, favoured in (([], eos), ([7, 8], 7)):
+        params = SamplingParams(temperature=temperature, seed=2, min_tokens=3, max_tokens=8, stop_token_ids=stop_ids,
+                                logit_bias={favoured: 100.0}, logprobs=1)
+        out = tiny_llm.generate([prompt], params, use_tqdm=False)[0].outputs[0]
+        assert len(out.token_ids) == 4 and out.token_ids[3] == favoured and out.finish_reason == "stop"
+        assert not {eos, *stop_ids} & set(out.token_ids[:3])
+        if temperature == 0:  # the first three are the argmax over the other tokens
+            assert out.token_ids[:3] == by_hand_greedy_masked(tiny_llm, prompt, params, {eos, *stop_ids}, 3)
+        raw = tiny_llm.model(torch.tensor(prompt), torch.arange(len(prompt)), _no_cache())[-1]
+        assert math.isclose(out.logprobs[0][out.token_ids[0]],
+                            float(torch.log_softmax(raw.float(), -1)[out.token_ids[0]]), abs_tol=1e-5)  # raw
+    ignoring = SamplingParams(temperature=0, min_tokens=3, max_tokens=5, ignore_eos=True, logit_bias={eos: 100.0})
+    assert tiny_llm.generate([prompt], ignoring, use_tqdm=False)[0].outputs[0].token_ids[:4] == [
+        *by_hand_greedy_masked(tiny_llm, prompt, ignoring, {eos}, 3), eos]
+    with pytest.raises(ValueError, match=r"SamplingParams.stop_token_ids=.*some token must be left"):
+        tiny_llm.generate([prompt], SamplingParams(min_tokens=1, stop_token_ids=list(range(258))), use_tqdm=False)
+    tiny_llm.engine.check_invariants(idle=True)
+
+
+def _no_cache():
+    from minipaged.kv.per_request import NoCache
+
+    return NoCache()
+
+
+def by_hand_greedy_masked(llm, prompt_ids, params, masked, steps):
+    out = []
+    for _ in range(steps):
+        ids = prompt_ids + out
+        logits = naive_penalties(llm.model(torch.tensor(ids), torch.arange(len(ids)), _no_cache())[-1], prompt_ids,
+                                 out, bias=params.logit_bias)
+        logits[sorted(masked)] = float("-inf")
+        out.append(int(logits.argmax()))
+    return out

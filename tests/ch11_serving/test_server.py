@@ -120,6 +120,23 @@ def test_penalties_and_logit_bias_give_offline_tokens_in_vllms_dialect(client, o
     assert chat.choices[0].message.content == offline.tokenizer.decode([7, 7, 7])
 
 
+def test_an_extreme_repetition_penalty_is_served_beside_the_others(client, async_client):
+    """vLLM takes any repetition penalty above 0. 1e300 used to make a logit infinite and the sampler
+    fail, which failed the engine step, and with it every request in flight (each got a 500)."""
+
+    async def both():
+        async with async_client() as c:
+            long = c.completions.create(model="tiny", prompt=PROMPTS[1], max_tokens=40,
+                                        extra_body={"ignore_eos": True})
+            extreme = c.completions.create(model="tiny", prompt=PROMPTS[0], max_tokens=4, seed=1,
+                                           extra_body={"repetition_penalty": 1e300, "ignore_eos": True})
+            return await asyncio.gather(long, extreme)
+
+    long, extreme = asyncio.run(both())
+    assert [long.choices[0].finish_reason, extreme.choices[0].finish_reason] == ["length", "length"]
+    assert long.usage.completion_tokens == 40 and extreme.usage.completion_tokens == 4
+
+
 def test_logprobs_match_the_engine(client, offline):
     out = client.completions.create(model="tiny", prompt=PROMPTS[2], temperature=0, max_tokens=8, logprobs=3)
     expected = offline.generate(PROMPTS[2], SamplingParams(temperature=0, max_tokens=8, logprobs=3),
@@ -168,6 +185,8 @@ def test_usage_reports_prefix_cache_hits(client):
     ({"repetition_penalty": 0.0}, "repetition_penalty", "> 0"),
     ({"logit_bias": {"abc": 1.0}}, "logit_bias", "token ids"),
     ({"logit_bias": {"999999": 1.0}}, "logit_bias", "[0, 259)"),
+    ({"logit_bias": {"5": 1.0, "05": -1.0}}, "logit_bias", "token 5 is named more than once"),
+    ({"logit_bias": {str(i): 1.0 for i in range(10_000)}}, "logit_bias", "... 9733 more} is not allowed"),
     ({"stream_options": {"include_usage": True}}, "stream_options", "stream=true"),
     ({"stop_token_ids": [10**6]}, "stop_token_ids", "[0, 259)"),
     ({"seed": -5}, "seed", "greater than or equal to 0"),

@@ -59,6 +59,7 @@ class EngineCore:
         swap_blocks = swap_blocks_for(args, policy)  # the runner's swap tensors have as many (llm_engine.py)
         self.swap_space = SwapSpace(swap_blocks, policy.block_size) if swap_blocks else None
         self.args, self.policy, self.runner = args, policy, runner
+        self.clock = time.perf_counter  # what "now" is; chapter 11's simulator sets a virtual clock
         self.tokenizer, self._eos, self.max_model_len = tokenizer, eos_token_id, max_model_len
         self.metrics = metrics if metrics is not None else engine_metrics()
         options = {"proposer": proposer} if proposer is not None else {}
@@ -106,7 +107,7 @@ class EngineCore:
                      arrival_time: float | None) -> tuple[Request, float]:
         if request_id in self.requests:
             raise ValueError(f"request_id={request_id!r} is already in the engine; give each request its own id")
-        now = time.perf_counter() if arrival_time is None else arrival_time
+        now = self.clock() if arrival_time is None else arrival_time
         return Request(request_id, list(prompt_ids), params, [], now), now
 
     def add_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
@@ -160,7 +161,7 @@ class EngineCore:
             request = self.requests.get(request_id)
             if request is None or request.finished:
                 continue
-            self.scheduler.abort(request, time.perf_counter())
+            self.scheduler.abort(request, self.clock())
             self._aborted.inc()
             done.append(request_id)
         self._update_gauges()
@@ -181,15 +182,15 @@ class EngineCore:
     def step(self) -> list[str]:
         """Plan, execute, apply. Returns the ids of the requests that changed (new tokens, finished,
         refused), in the order they did."""
-        start = time.perf_counter()
+        start = self.clock()
         plan = self.scheduler.schedule()
         output = self.runner.execute(plan)
         record = self._step_record(plan) if self.metrics.listening and plan.work else None  # the pool the pass saw
-        result = self.scheduler.update_from_output(plan, output, time.perf_counter())
+        result = self.scheduler.update_from_output(plan, output, self.clock())
         self._observe(result)
         if plan.work:
             self.num_steps += 1
-            elapsed = time.perf_counter() - start
+            elapsed = self.clock() - start
             self._forward_passes.inc()
             self._tokens_computed.inc(self.runner.last_num_tokens)  # all it recomputed, without a cache
             self._tokens_per_step.observe(plan.num_tokens)

@@ -1,83 +1,67 @@
-"""Chapter 11's benchmark: the vLLM paper's headline figure, measured through the HTTP server.
+"""Chapter 11's benchmark: the vLLM paper's headline figure (Fig. 12), normalized latency against
+request rate, for five systems with the same KV memory.
 
-    python -m minipaged bench online [--model smollm2-135m] [--requests 24] [--rates 0.4,0.8,1.5]
-                                     [--drain-seconds 60] [--systems static,orca,paged] [--plot-dir DIR] [--json]
-    python -m minipaged bench online --model tiny            # the same on the tiny model, in under a minute
+    python -m minipaged bench online [--model smollm2-135m] [--requests 300] [--seeds 3]
+                                     [--real-requests 48] [--real-seeds 2] [--plot-dir DIR] [--json]
+    python -m minipaged bench online --model tiny            # the same on the tiny model, in about a minute
 
-An open-loop load generator. Requests arrive as a Poisson process (exponential gaps, seeded) at each
-of several rates, and each is sent at its arrival time whether or not the earlier ones have finished,
-as real users do. Each rate replays the same trace: chapter 06's ShareGPT-like lengths scaled by
---scale (``bench serving``'s ``make_trace``: seeded random token ids as prompts), every request
-streaming exactly its own output length (temperature 0, ``ignore_eos``), and the same seeded gaps,
-only stretched by 1 / rate. Three systems, each a real server process (``python -m minipaged serve``)
-with the same model, max_model_len, max_num_seqs and KV capacity:
+The five systems are the paper's (section 6.2), each with the same model, max_model_len,
+max_num_seqs and KV capacity in token slots (``minipaged/simulator/online.py``'s ``SYSTEMS``):
+static batching over max_model_len slabs; Orca (continuous batching) reserving max_model_len
+("max"), the next power of two of prompt + max_tokens ("pow2"), or exactly what the request will
+use ("oracle"); and vLLM, continuous batching over paged blocks of 16.
 
-    static + contiguous            --kv-policy contiguous --scheduler static: a batch runs until its
-                                   longest request ends; every request holds a slab of max_model_len
-    Orca: continuous + contiguous  --kv-policy contiguous --scheduler continuous: requests join and
-                                   leave at every step (iteration-level scheduling), but each still
-                                   holds a max_model_len slab, so few fit at once
-    vLLM: continuous + paged       the engine's defaults: blocks of 16 taken as tokens arrive (the
-                                   prefix cache is on, but random-token prompts never hit it)
+Requests arrive as a Poisson process (exponential gaps, seeded), open loop: each is sent at its
+arrival time whether or not the earlier ones have finished, as real users do. The trace is chapter
+06's ShareGPT-like lengths times --scale (``bench serving``'s ``make_trace``: random token ids as
+prompts), every request decoding exactly its own output length (temperature 0, ``ignore_eos``).
+The paper's y axis is the normalized latency: a request's end-to-end latency over its output
+tokens (s/token), the mean over the finished requests.
+
+The run has four parts, in this order:
+
+1. Calibration. The paged engine, in this process, serves batches of 1 to 64 requests at once, and
+   every step's time is recorded with the tokens it computed and the sequences in it. A step-time
+   model, fixed + per_token x tokens + per_seq x sequences, is fitted to them (relative error).
+2. The sweep, simulated. The model-free simulator (``simulator/online.py``: the real engine core,
+   scheduler and KV policy, on a virtual clock that each step advances by the fitted time) serves
+   --requests requests at each of --rates-count rates, for each system, over --seeds seeds (a seed
+   draws both the trace and the arrivals). The rates are spaced evenly on a log scale, from 4% to
+   150% of the paged system's all-at-once request rate (simulated). On two cores a real sweep this
+   size would take hours; the simulator takes about a second per system and seed.
+3. The real servers. Each system runs as a real server process (``python -m minipaged serve``),
+   loaded at two rates, 0.6 and 1.5 times its simulated knee, over --real-seeds seeds of
+   --real-requests requests; the client times each request's server-sent events. The simulator
+   serves each of those exact traces too, so each real point has its simulated twin.
+4. The server's price. The paged server and offline ``LLM.generate``, in turn, serve one trace all at
+   once, twice each (each side keeps its better try: on two cores one noisy half minute would
+   otherwise decide the ratio). Output tokens/s of both and the ratio, against a target of 90%.
+
+Judging the sweep. A system's baseline is its mean normalized latency at the lowest rate (each
+system's own: static batching is slow even nearly idle, since a request that arrives during a
+batch waits for all of it). A rate is *held* when, for every seed, every request finished within the
+cap (--drain-seconds after the last arrival) and the mean normalized latency stayed within
+--sustain-factor (default 2) x the baseline. The sustained rate is an interval: the last rate held
+(with every lower rate held too) and the first rate missed. Each seed's own interval is kept too, as
+the spread.
 
 What a client sees, measured on the client side from the server-sent events (one event per engine
-step that produced text for a request): time to first token (TTFT), inter-token latency (ITL: the
-gaps between a request's events; a step whose bytes the detokenizer holds back sends nothing, so a
-gap can span two steps), end-to-end latency, each from the request's *scheduled* arrival (a late
-send counts against the server's numbers, not in their favour), and their p50 and p99; the achieved
+step that produced text for a request): time to first token (TTFT), inter-token latency (ITL),
+end-to-end latency, each from the request's *scheduled* arrival; their p50 and p99; achieved
 requests/s and output tokens/s (finished requests over the time from the first arrival to the last
-finish); the paper's y axis, normalized latency (a request's end-to-end latency over its output
-tokens, in s/token, the mean over finished requests); and goodput: finished requests per second that
-met both --slo-ttft and --slo-normalized. Token counts come from the stream's last chunk
-(``stream_options.include_usage``); a request whose count differs from what it asked for is an error.
+finish); goodput (requests/s that met both --slo-ttft and --slo-normalized). The simulator writes the
+same records (each token's virtual time), so one summary reads both.
 
-Summary: the rate each system *sustains* before its latency climbs: the highest tested rate at which
-it, and every lower tested rate, finished every request within the cap with a mean normalized
-latency at most --sustain-factor (default 2) times its own at the lowest tested rate (each system's
-own baseline: static batching is slower even when nearly idle, since a request that arrives during
-a batch waits for the whole batch, and what is asked here is where each curve bends). Then the
-ratios of the sustained rates, paged over static and paged over Orca (">=" when paged sustained the
-highest rate tried, so the true ratio may be larger), and of the goodputs at the highest rate.
+Noise: a GEMM of SmolLM2's shape is timed on all threads and on one before the run and after. If the
+threads do not scale or the samples spread, another process is competing for the cores, and the
+report says the numbers are unreliable.
 
-Server overhead: the same trace, all at once (saturation), through the paged server and through
-offline ``LLM(model, same options).generate`` in this process, alternated: offline, server,
-offline (while the server idles), server. Each side keeps its better try, since one noisy half
-minute on two cores would otherwise decide the ratio; the report prints every try. Output tokens/s
-of both and the ratio, against a target of at least 90%. The server pays for HTTP, JSON, streaming,
-the asyncio engine loop, and the load generator itself, which shares this machine's cores. The
-server steps the engine on its main thread (serve.py): from any other thread the same step runs
-about 1.5x slower on two cores, because torch's OpenMP workers spin for the main thread's team only.
-
-Noise: a GEMM of SmolLM2's shape (512 x 576 @ 576 x 576, fp32), timed on all torch threads and on
-one before the runs and again after. If all threads together are not clearly faster than one (the
-expectation: one thread's best time divided by the threads, for perfect scaling), or the samples
-spread widely, another process is competing for the cores and the warning says the numbers are
-unreliable. The 1-minute load average is printed beside it.
-
-Defaults and why. 24 requests at x0.1 of ShareGPT's lengths (mean prompt 16 tokens, mean output 34,
-the longest 150; max_model_len 256), KV capacity 1536 slots (six slabs of 256, as in ``bench
-serving``), max_num_seqs 32. Without --rates the rates are fractions of the paged server's
-saturation request rate, measured first (--rate-fractions 0.25,0.5,0.75,1,1.5,2.5): from a nearly
-idle server to a paged system well past its capacity, so that each system's knee falls inside the
-range whatever the machine's speed. With SmolLM2-135M on two CPU cores the whole default run took
-14 minutes (836 s, on a machine busy with other work); most of it is the lowest rate's arrival span
-(about 60 s per system) and the static
-system's queue (it drains about 0.5 requests/s). With --model tiny it takes under a minute, but the
-tiny model's steps cost less than the HTTP around them, so its figure measures the server, not
-the KV policy. The SLOs (TTFT 2 s, 0.25 s/token) are loose for SmolLM2 on two cores at light load
-(about 0.1 s/token and TTFT under 0.5 s); a queue breaks them. The cap: each (system, rate) run ends
---drain-seconds (default 60) after its last arrival; requests still running then are cancelled (the
-server aborts them) and counted as unfinished, in the table's "done" column, and a run with any
-unfinished request is not sustained. Few requests keep the run short, at a price: p99 is nearly the
-maximum, and the longest request's own decode (about 11 s alone) ends every run, so achieved
-requests/s stay below the offered rate even when a system keeps up.
-
-With --plot-dir it draws online_latency.png: normalized latency against request rate, one line per
-system, each with its sustain threshold (dashed), and achieved against offered requests/s.
+With --plot-dir it draws online_latency.png from the result (``python -m minipaged.plots.online
+RECORD PNG`` draws it again from a record).
 
 Not handled yet: real prompts (and so prefix-cache hits), sampling, requests that stop early, several
-server processes, a load generator on another machine (here it shares the two cores), repeats (each
-point is one run: the numbers are noisy on a shared machine).
+server processes, a load generator on another machine (here it shares the two cores), the server's
+own time in the simulator (the real points show how far apart the two are).
 """
 
 from __future__ import annotations
@@ -95,15 +79,16 @@ from minipaged import records
 from minipaged.bench.noise import describe_probe, gemm_probe, probe_pair
 from minipaged.bench.serving import make_trace
 from minipaged.metrics import percentile
+from minipaged.simulator.online import SYSTEMS, StepTimeModel, simulate
 
-SYSTEMS = [  # (label, key, server flags)
-    ("static + contiguous", "static", ("--kv-policy", "contiguous", "--scheduler", "static")),
-    ("Orca: continuous + contiguous", "orca", ("--kv-policy", "contiguous", "--scheduler", "continuous")),
-    ("vLLM: continuous + paged", "paged", ()),
-]
-RATE_FRACTIONS = (0.25, 0.5, 0.75, 1.0, 1.5, 2.5)
 OVERHEAD_TARGET = 0.9
 OVERHEAD_PAIRS = 2  # offline, server, offline, server: the best of each side
+CALIBRATION_BATCHES = (1, 2, 4, 8, 16, 32, 64)  # requests at once, for the step-time fit
+RATE_SPAN = (0.04, 1.5)  # the sweep's rates, as fractions of the paged system's all-at-once rate
+REAL_AT = (0.6, 1.5)  # the real servers' rates, as multiples of each system's simulated knee
+RUN_KEYS = ("finished", "requests", "unfinished", "normalized_latency_s", "requests_per_s", "output_tokens_per_s",
+            "ttft_p50_s", "ttft_p99_s", "itl_p50_s", "itl_p99_s", "e2e_p50_s", "e2e_p99_s",
+            "goodput_requests_per_s", "duration_s")
 
 
 # ---------------------------------------------------------------- the load generator (stdlib only)
@@ -276,9 +261,13 @@ def _say(progress: bool, text: str) -> None:
         print(text, file=sys.stderr, flush=True)
 
 
-def _server_flags(extra, max_model_len, max_num_seqs, kv_capacity, attention) -> list[str]:
-    return ["--max-model-len", str(max_model_len), "--max-num-seqs", str(max_num_seqs),
-            "--kv-capacity-tokens", str(kv_capacity), "--attention-backend", attention, *extra]
+def _server_flags(fields: dict, max_model_len, max_num_seqs, kv_capacity) -> list[str]:
+    """``python -m minipaged serve`` flags: the shared sizes, then the system's own EngineArgs fields."""
+    flags = ["--max-model-len", str(max_model_len), "--max-num-seqs", str(max_num_seqs),
+             "--kv-capacity-tokens", str(kv_capacity)]
+    for name, value in fields.items():
+        flags += ["--" + name.replace("_", "-"), str(value)]
+    return flags
 
 
 def _warm_up(server, model, trace) -> None:
@@ -301,181 +290,282 @@ def offline_run(llm, trace) -> dict:
             "requests_per_s": len(trace) / seconds, "texts": [o.outputs[0].text for o in outs]}
 
 
-def judge(systems: list[dict], factor: float) -> dict:
-    """Mark each run sustained or not, set each system's sustained rate, and return the ratios.
 
-    A system's baseline is its mean normalized latency at the lowest tested rate; a run is sustained
-    when every request finished within the cap and its mean normalized latency is at most
-    ``factor`` x the baseline; the sustained rate is the highest rate whose run, and every run at a
-    lower rate, is sustained (None if the lowest is not)."""
-    for s in systems:
-        base = s["runs"][0]["normalized_latency_s"] if s["runs"] else None
+
+def calibrate(llm, trace, batches=CALIBRATION_BATCHES, progress=False) -> tuple[StepTimeModel, list]:
+    """Serve ``trace``'s requests in groups of each size in ``batches``, all of a group at once, and
+    fit the step-time model on every step's (tokens computed, sequences, seconds). A group's batch
+    shrinks as its requests finish, so each group gives steps of many sizes."""
+    from minipaged import SamplingParams
+
+    rows = []
+
+    def keep(record):
+        rows.append((record["num_tokens"], record["batch_size"], record["step_seconds"]))
+
+    llm.generate([p for p, _ in trace[:2]], [SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)] * 2,
+                 use_tqdm=False)  # warm-up, not fitted
+    core = llm.engine.core
+    core.metrics.subscribe(keep)
+    try:
+        start = 0
+        for size in batches:
+            group = [trace[(start + i) % len(trace)] for i in range(size)]
+            start += size
+            t = time.perf_counter()
+            llm.generate([p for p, _ in group],
+                         [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for _, n in group],
+                         use_tqdm=False)
+            _say(progress, f"  calibration: {size} at once, {time.perf_counter() - t:.1f} s")
+    finally:
+        core.metrics.unsubscribe(keep)
+    return StepTimeModel.fit(rows), rows
+
+
+def _stats(summary: dict) -> dict:
+    return {k: summary[k] for k in RUN_KEYS}
+
+
+def judge(systems: dict, factor: float) -> dict:
+    """Mark each rate held or missed and give each system its sustained interval; returns the ratios.
+
+    ``systems``: key -> {"runs": [{"rate", "seeds": [{"normalized_latency_s", "finished", "requests"}]}]},
+    rates ascending. Baseline: the mean over seeds of the normalized latency at the lowest rate. A
+    rate is held when, for every seed, all requests finished and the normalized latency is at most
+    ``factor`` x the baseline. ``held_rate``: the highest rate held with every lower rate held (None
+    if the lowest is missed); ``missed_rate``: the first rate missed (None if every rate was held).
+    Each seed is judged alone too (``seed_held_rates``), against its own baseline: the spread."""
+
+    def ok(run, threshold):
+        return (run["finished"] == run["requests"] and run["normalized_latency_s"] is not None
+                and run["normalized_latency_s"] <= threshold)
+
+    for s in systems.values():
+        runs = s["runs"]
+        first = [x["normalized_latency_s"] for x in runs[0]["seeds"]] if runs else []
+        base = sum(first) / len(first) if first and None not in first else None
         s["baseline_s_per_token"] = base
         s["threshold_s_per_token"] = factor * base if base else None
-        sustained, climbing = None, False
-        for r in s["runs"]:
-            r["sustained"] = bool(not climbing and s["threshold_s_per_token"] and r["finished"] == r["requests"]
-                                  and r["normalized_latency_s"] <= s["threshold_s_per_token"])
-            climbing = climbing or not r["sustained"]
-            if r["sustained"]:
-                sustained = r["rate"]
-        s["sustained_rate"] = sustained
-        s["sustained_all"] = bool(s["runs"]) and sustained == s["runs"][-1]["rate"]
-    by_key = {s["key"]: s for s in systems}
+        held, missed = None, None
+        for run in runs:
+            values = [x["normalized_latency_s"] for x in run["seeds"] if x["normalized_latency_s"] is not None]
+            run["normalized_latency_s"] = sum(values) / len(values) if values else None
+            run["normalized_min_s"], run["normalized_max_s"] = (min(values), max(values)) if values else (None, None)
+            run["requests_per_s"] = sum(x["requests_per_s"] for x in run["seeds"]) / len(run["seeds"])
+            run["held"] = bool(base) and missed is None and all(ok(x, s["threshold_s_per_token"]) for x in run["seeds"])
+            if run["held"]:
+                held = run["rate"]
+            elif missed is None:
+                missed = run["rate"]
+        s["held_rate"], s["missed_rate"] = held, missed
+        s["knee_rate"] = math.sqrt(held * missed) if held and missed else None
+        seeds = len(runs[0]["seeds"]) if runs else 0
+        s["seed_held_rates"] = []
+        for i in range(seeds):
+            base_i = runs[0]["seeds"][i]["normalized_latency_s"]
+            last = None
+            for run in runs:
+                if not (base_i and ok(run["seeds"][i], factor * base_i)):
+                    break
+                last = run["rate"]
+            s["seed_held_rates"].append(last)
     ratios = {}
-    if "paged" not in by_key:
-        return ratios
-    paged = by_key["paged"]
-    for other in ("static", "orca"):
-        if other not in by_key:
+    paged = systems.get("paged")
+    for key, s in systems.items():
+        if key == "paged" or paged is None:
             continue
-        p, o = paged["sustained_rate"], by_key[other]["sustained_rate"]
-        ratios[f"paged_vs_{other}_sustained_rate"] = (p / o) if p and o else None
-        ratios[f"paged_vs_{other}_at_least"] = bool(p and o and paged["sustained_all"])
-        ratios[f"paged_vs_{other}_both_sustain_all"] = paged["sustained_all"] and by_key[other]["sustained_all"]
-        gp, go = paged["runs"][-1]["goodput_requests_per_s"], by_key[other]["runs"][-1]["goodput_requests_per_s"]
-        ratios[f"paged_vs_{other}_goodput_at_top_rate"] = gp / go if go > 0 else None
+        h, o = paged["held_rate"], s["held_rate"]
+        ratios[f"paged_vs_{key}"] = h / o if h and o else None
+        # the interval the true ratio lies in: paged's knee is in [held, missed], the other's too
+        low = h / s["missed_rate"] if h and s["missed_rate"] else None
+        high = paged["missed_rate"] / o if paged["missed_rate"] and o else None
+        ratios[f"paged_vs_{key}_low"], ratios[f"paged_vs_{key}_high"] = low, high
     return ratios
 
 
-def run(model="smollm2-135m", rates=None, requests=24, scale=0.1, max_model_len=256, max_num_seqs=32,
-        kv_capacity=1536, drain=60.0, slo_ttft=2.0, slo_normalized=0.25, sustain_factor=2.0,
-        rate_fractions=RATE_FRACTIONS, attention="torch_batched", seed=0, progress=True, plot_dir=None,
-        systems=None, skip_overhead=False) -> dict:
-    """The whole benchmark; returns one dict (``format_result`` prints it). ``rates``: requests/s,
-    or None for ``rate_fractions`` of the paged server's measured saturation rate. ``systems``: the
-    keys to run (default all three: "static", "orca", "paged")."""
-    from minipaged.server.process import ServerProcess
+def _rates(saturation: float, count: int) -> list[float]:
+    lo, hi = RATE_SPAN
+    rates = [saturation * lo * (hi / lo) ** (i / (count - 1)) for i in range(count)]
+    return sorted({float(f"{r:.2g}") for r in rates})
 
-    if isinstance(requests, bool) or not isinstance(requests, int) or requests < 2:
-        raise ValueError(f"requests={requests!r} must be an integer >= 2")
+
+def run(model="smollm2-135m", requests=300, seeds=3, rates=None, rates_count=20, real_requests=48, real_seeds=2,
+        scale=0.1, max_model_len=256, max_num_seqs=64, kv_capacity=1536, drain=60.0, real_drain=30.0,
+        slo_ttft=2.0, slo_normalized=0.25, sustain_factor=2.0, seed=0, systems=None, skip_real=False,
+        skip_overhead=False, progress=True, plot_dir=None) -> dict:
+    """The whole benchmark; returns one dict (``format_result`` prints it). ``rates``: the simulated
+    sweep's requests/s (default: ``rates_count`` rates spanning RATE_SPAN of the paged system's
+    all-at-once rate). ``systems``: keys of SYSTEMS (default all five)."""
+    for name, value, low in (("requests", requests, 2), ("seeds", seeds, 1), ("real_requests", real_requests, 2),
+                             ("real_seeds", real_seeds, 1), ("rates_count", rates_count, 2)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError(f"{name}={value!r} must be an integer >= {low}")
     if rates is not None:
         rates = sorted(float(r) for r in rates)
-        if not rates or rates[0] <= 0 or any(math.isinf(r) or math.isnan(r) for r in rates):
-            raise ValueError(f"rates={rates!r} must be positive, finite requests/s")
-    elif not rate_fractions or min(rate_fractions) <= 0:
-        raise ValueError(f"rate_fractions={rate_fractions!r} must be positive")
-    for name, value in (("drain", drain), ("slo_ttft", slo_ttft), ("slo_normalized", slo_normalized),
-                        ("sustain_factor", sustain_factor)):
+        if len(rates) < 2 or rates[0] <= 0 or any(math.isinf(r) or math.isnan(r) for r in rates):
+            raise ValueError(f"rates={rates!r} must be at least two positive, finite requests/s")
+    for name, value in (("drain", drain), ("real_drain", real_drain), ("slo_ttft", slo_ttft),
+                        ("slo_normalized", slo_normalized), ("sustain_factor", sustain_factor)):
         if not value > 0:
             raise ValueError(f"{name}={value!r} must be > 0")
-    chosen = [s for s in SYSTEMS if systems is None or s[1] in systems]
-    if not chosen:
-        raise ValueError(f"systems={systems!r}: choose among {[s[1] for s in SYSTEMS]}")
+    keys = list(SYSTEMS) if systems is None else list(systems)
+    unknown = [k for k in keys if k not in SYSTEMS]
+    if unknown or not keys:
+        raise ValueError(f"systems={systems!r}: choose among {list(SYSTEMS)}")
+    keys = [k for k in SYSTEMS if k in keys]  # the paper's order
+    from minipaged import LLM
+
     started = time.perf_counter()
     probe_before = gemm_probe()
     if not probe_before["reliable"]:
         _say(progress, "warning: the GEMM probe ran slower than expected: another process is using the cores")
-
-    rates_from = "given" if rates is not None else \
-        f"fractions {', '.join(f'{f:g}' for f in rate_fractions)} of the paged server's saturation rate"
-    # offline first, then the paged server and offline again, alternated (see "Server overhead" above)
-    from minipaged import LLM
-
     llm = LLM(model, max_model_len=max_model_len, max_num_seqs=max_num_seqs, kv_capacity_tokens=kv_capacity,
-              attention_backend=attention, progress=False)
-    trace = make_trace(requests, scale, max_model_len, llm.config.vocab_size, seed)
+              progress=False)
+    vocab = llm.config.vocab_size
+    shape = dict(kv_capacity=kv_capacity, max_model_len=max_model_len, max_num_seqs=max_num_seqs)
+
+    # 1. calibration
+    _say(progress, "1. calibration: the paged engine's steps, timed ...")
+    step_model, rows = calibrate(llm, make_trace(64, scale, max_model_len, vocab, seed + 1000), progress=progress)
+    _say(progress, f"  step = {1000 * step_model.fixed_s:.1f} ms + {1000 * step_model.per_token_s:.2f} ms x tokens "
+                   f"+ {1000 * step_model.per_seq_s:.2f} ms x sequences ({step_model.steps} steps, median error "
+                   f"{100 * step_model.median_error:.0f}%)")
+
+    # 2. the simulated sweep
+    traces = [make_trace(requests, scale, max_model_len, vocab, seed + i) for i in range(seeds)]
+    unit = [poisson_arrivals(requests, 1.0, seed + i) for i in range(seeds)]
+    saturation = summarize(simulate("paged", traces[0], [0.0] * requests, step_model, drain=drain, **shape),
+                           drain, slo_ttft, slo_normalized)["requests_per_s"]
+    rates_from = "given" if rates is not None else \
+        f"{rates_count} rates from {RATE_SPAN[0]:g} to {RATE_SPAN[1]:g} x the paged system's all-at-once rate " \
+        f"({saturation:.3g} req/s, simulated)"
+    rates = rates if rates is not None else _rates(saturation, rates_count)
+    _say(progress, f"2. the sweep, simulated: {len(keys)} systems x {seeds} seeds x {len(rates)} rates "
+                   f"({rates[0]:g} to {rates[-1]:g} req/s), {requests} requests each ...")
+    simulated = {}
+    for key in keys:
+        t = time.perf_counter()
+        runs = []
+        for rate in rates:
+            per_seed = []
+            for trace, gaps in zip(traces, unit):
+                arrivals = [g / rate for g in gaps]
+                out = simulate(key, trace, arrivals, step_model, drain=drain, **shape)
+                per_seed.append(_stats(summarize(out, arrivals[-1] + drain, slo_ttft, slo_normalized)))
+            runs.append({"rate": rate, "seeds": per_seed})
+        simulated[key] = {"system": SYSTEMS[key][0], "key": key, "runs": runs}
+        _say(progress, f"  {SYSTEMS[key][0]}: {time.perf_counter() - t:.1f} s")
+    sim_ratios = judge(simulated, sustain_factor)
+    for key in keys:
+        s = simulated[key]
+        _say(progress, f"  {s['system']}: held {_rate(s['held_rate'])}, missed {_rate(s['missed_rate'])}")
+
+    # 3. the real servers, and 4. the server's price (with the paged server)
+    real, overhead, offline_tries, server_tries = {}, None, [], []
+    real_traces = [make_trace(real_requests, scale, max_model_len, vocab, seed + 100 + i) for i in range(real_seeds)]
+    real_unit = [poisson_arrivals(real_requests, 1.0, seed + 100 + i) for i in range(real_seeds)]
     offline = None
-    if not skip_overhead:
-        _say(progress, f"offline LLM.generate: {requests} requests at once ...")
-        offline = offline_run(llm, trace)
-        _say(progress, f"  {offline['output_tokens_per_s']:.1f} output tok/s ({offline['seconds']:.0f} s)")
-    else:
+    if not skip_overhead and "paged" in keys:
+        offline = offline_run(llm, real_traces[0])
+        offline_tries.append(offline["output_tokens_per_s"])
+    if skip_real:
         llm = None
-    need_saturation = not skip_overhead or rates is None
-    unit_gaps = poisson_arrivals(requests, 1.0, seed)
-    saturation = None
-    offline_tries, server_tries = ([offline["output_tokens_per_s"]] if offline else []), []
-    results = {key: {"system": label, "key": key, "flags": list(flags), "runs": []} for label, key, flags in chosen}
-    order = [s for s in chosen if s[1] == "paged"] + [s for s in chosen if s[1] != "paged"]
-    if need_saturation and not any(s[1] == "paged" for s in chosen):
-        order = [SYSTEMS[2]] + order  # the saturation run needs the paged server, even if it is not swept
-    for label, key, flags in order:
-        _say(progress, f"starting the server: {label} ...")
-        with ServerProcess(model, *_server_flags(flags, max_model_len, max_num_seqs, kv_capacity, attention),
-                           startup_timeout=300) as server:
-            _warm_up(server, model, trace)
-            if key == "paged" and need_saturation:
-                t = time.perf_counter()
-                # OVERHEAD_PAIRS alternations of offline and server, each side's best kept: one noisy
-                # second on two cores would otherwise decide the ratio
-                for attempt in range(OVERHEAD_PAIRS if offline else 1):
+    for key in ([] if skip_real else keys):
+        from minipaged.server.process import ServerProcess
+
+        s = simulated[key]
+        knee = s["knee_rate"] or s["held_rate"] or s["missed_rate"] or rates[0]
+        flags = _server_flags(SYSTEMS[key][1], max_model_len, max_num_seqs, kv_capacity)
+        _say(progress, f"3. the real server: {s['system']} ({' '.join(flags)}) ...")
+        runs = []
+        with ServerProcess(model, *flags, startup_timeout=300) as server:
+            _warm_up(server, model, real_traces[0])
+            if key == "paged" and offline is not None:
+                saturation_run, texts = None, None
+                for attempt in range(OVERHEAD_PAIRS):
                     if attempt:
-                        again = offline_run(llm, trace)  # the server idles meanwhile
+                        again = offline_run(llm, real_traces[0])  # the server idles meanwhile
                         offline_tries.append(again["output_tokens_per_s"])
                         offline = max(offline, again, key=lambda o: o["output_tokens_per_s"])
-                    records = send_load(server, model, trace, [0.0] * requests, drain)
-                    run = summarize(records, drain, slo_ttft, slo_normalized)
-                    server_tries.append(run["output_tokens_per_s"])
-                    if saturation is None or run["output_tokens_per_s"] > saturation["output_tokens_per_s"]:
-                        saturation, texts = run, [r.get("text") for r in records]
-                saturation["cap_s"] = drain
-                saturation["same_text_as_offline"] = (sum(1 for a, b in zip(texts, offline["texts"]) if a == b)
-                                                      if offline else None)
-                llm = None  # the offline engine is done: its memory goes before the sweeps
+                    out = send_load(server, model, real_traces[0], [0.0] * real_requests, real_drain)
+                    summary = summarize(out, real_drain, slo_ttft, slo_normalized)
+                    server_tries.append(summary["output_tokens_per_s"])
+                    if saturation_run is None or summary["output_tokens_per_s"] > saturation_run["output_tokens_per_s"]:
+                        saturation_run, texts = summary, [r.get("text") for r in out]
+                ratio = saturation_run["output_tokens_per_s"] / offline["output_tokens_per_s"]
+                overhead = {"server_output_tokens_per_s": saturation_run["output_tokens_per_s"],
+                            "offline_output_tokens_per_s": offline["output_tokens_per_s"],
+                            "server_seconds": saturation_run["duration_s"], "offline_seconds": offline["seconds"],
+                            "server_finished": saturation_run["finished"], "requests": real_requests,
+                            "ratio": ratio, "target": OVERHEAD_TARGET, "meets_target": ratio >= OVERHEAD_TARGET,
+                            "same_text_as_offline": sum(1 for a, b in zip(texts, offline["texts"]) if a == b),
+                            "offline_tries": offline_tries, "server_tries": server_tries}
+                llm = None  # the offline engine's memory goes before the loads
                 gc.collect()
-                _say(progress, f"  saturation (all {requests} at t=0): {saturation['output_tokens_per_s']:.1f} "
-                               f"output tok/s, {saturation['requests_per_s']:.2f} req/s "
-                               f"({time.perf_counter() - t:.0f} s)")
-                if rates is None:
-                    base = saturation["requests_per_s"]
-                    if not base > 0:
-                        raise RuntimeError("the saturation run finished no request; pass --rates")
-                    rates = sorted({float(f"{f * base:.2g}") for f in rate_fractions})
-            if key not in results:
-                continue
-            for rate in rates:
+                _say(progress, f"  server {100 * ratio:.1f}% of offline LLM.generate's output tokens/s")
+            for factor in REAL_AT:
+                rate = float(f"{factor * knee:.2g}")
+                per_seed, twins = [], []
                 t = time.perf_counter()
-                arrivals = [g / rate for g in unit_gaps]
-                cap = arrivals[-1] + drain
-                records = send_load(server, model, trace, arrivals, cap)
-                s = summarize(records, cap, slo_ttft, slo_normalized)
-                s["rate"], s["cap_s"] = rate, cap
-                results[key]["runs"].append(s)
-                norm = s["normalized_latency_s"]
-                _say(progress, f"  {rate:g} req/s: {s['finished']}/{requests} done, "
-                               f"{'-' if norm is None else f'{norm:.3f}'} s/token, "
-                               f"{s['output_tokens_per_s']:.1f} tok/s ({time.perf_counter() - t:.0f} s)")
-        if key in results:
-            results[key]["server_returncode"] = server.returncode
+                for trace, gaps in zip(real_traces, real_unit):
+                    arrivals = [g / rate for g in gaps]
+                    cap = arrivals[-1] + real_drain
+                    summary = summarize(send_load(server, model, trace, arrivals, cap), cap, slo_ttft, slo_normalized)
+                    per_seed.append(summary)
+                    twin = simulate(key, trace, arrivals, step_model, drain=real_drain, **shape)
+                    twins.append(_stats(summarize(twin, cap, slo_ttft, slo_normalized)))
+                errors = sorted({e for x in per_seed for e in x["errors"]})
+                real_norm = _mean([x["normalized_latency_s"] for x in per_seed])
+                sim_norm = _mean([x["normalized_latency_s"] for x in twins])
+                runs.append({"rate": rate, "times_knee": factor, "errors": errors,
+                             "seeds": [_stats(x) for x in per_seed], "simulated": twins,
+                             "normalized_latency_s": real_norm, "simulated_normalized_latency_s": sim_norm,
+                             "real_over_simulated": real_norm / sim_norm if real_norm and sim_norm else None})
+                _say(progress, f"  {rate:g} req/s ({factor:g} x knee): {_s(real_norm, 3)} s/token real, "
+                               f"{_s(sim_norm, 3)} simulated ({time.perf_counter() - t:.0f} s)")
+        climb = (runs[1]["normalized_latency_s"] / runs[0]["normalized_latency_s"]
+                 if runs[0]["normalized_latency_s"] and runs[1]["normalized_latency_s"] else None)
+        sim_climb = (runs[1]["simulated_normalized_latency_s"] / runs[0]["simulated_normalized_latency_s"]
+                     if runs[0]["simulated_normalized_latency_s"] and runs[1]["simulated_normalized_latency_s"]
+                     else None)
+        real[key] = {"system": s["system"], "key": key, "flags": flags, "runs": runs, "climb": climb,
+                     "simulated_climb": sim_climb, "server_returncode": server.returncode}
     probe_after = gemm_probe()
-
-    systems_out = [results[key] for _, key, _ in chosen]
-    ratios = judge(systems_out, sustain_factor)
-    overhead = None
-    if offline and saturation:
-        ratio = saturation["output_tokens_per_s"] / offline["output_tokens_per_s"]
-        overhead = {"server_output_tokens_per_s": saturation["output_tokens_per_s"],
-                    "offline_output_tokens_per_s": offline["output_tokens_per_s"],
-                    "server_requests_per_s": saturation["requests_per_s"],
-                    "offline_requests_per_s": offline["requests_per_s"],
-                    "server_seconds": saturation["duration_s"], "offline_seconds": offline["seconds"],
-                    "server_finished": saturation["finished"], "ratio": ratio, "target": OVERHEAD_TARGET,
-                    "meets_target": ratio >= OVERHEAD_TARGET,
-                    "same_text_as_offline": saturation["same_text_as_offline"],
-                    "offline_tries": offline_tries, "server_tries": server_tries}
-    lens = [n for _, n in trace]
-    result = {"model": model, "requests": requests, "scale": scale, "max_model_len": max_model_len,
-              "max_num_seqs": max_num_seqs, "kv_capacity_tokens": kv_capacity, "attention_backend": attention,
-              "seed": seed, "mean_prompt": sum(len(p) for p, _ in trace) / requests,
-              "mean_output": sum(lens) / requests, "max_output": max(lens), "output_tokens": sum(lens),
-              "rates": rates, "rates_from": rates_from,
-              "drain_s": drain, "slo": {"ttft_s": slo_ttft, "normalized_s_per_token": slo_normalized},
-              "sustain_factor": sustain_factor,
-              "probe": probe_pair(probe_before, probe_after),
-              "systems": systems_out, "ratios": ratios, "saturation": saturation, "overhead": overhead,
-              "seconds": None}
+    ratios = [r["real_over_simulated"] for s in real.values() for r in s["runs"] if r["real_over_simulated"]]
+    agreement = {"min": min(ratios), "max": max(ratios), "mean": sum(ratios) / len(ratios)} if ratios else None
+    result = {"model": model, "scale": scale, "max_model_len": max_model_len, "max_num_seqs": max_num_seqs,
+              "kv_capacity_tokens": kv_capacity, "seed": seed,
+              "slo": {"ttft_s": slo_ttft, "normalized_s_per_token": slo_normalized}, "sustain_factor": sustain_factor,
+              "trace": _trace_stats(traces[0]),
+              "calibration": {"batches": list(CALIBRATION_BATCHES), "steps": len(rows),
+                              "step_model": step_model.as_dict(),
+                              "decode_step_ms": {str(b): 1000 * step_model.seconds(b, b) for b in (1, 8, 32, 64)}},
+              "simulated": {"requests": requests, "seeds": seeds, "rates": rates, "rates_from": rates_from,
+                            "paged_all_at_once_requests_per_s": saturation, "drain_s": drain,
+                            "systems": simulated, "ratios": sim_ratios},
+              "real": {"requests": real_requests, "seeds": real_seeds, "times_knee": list(REAL_AT),
+                       "drain_s": real_drain, "systems": real, "agreement": agreement},
+              "overhead": overhead, "probe": probe_pair(probe_before, probe_after), "seconds": None}
     if plot_dir:
         from minipaged.plots.online import plot_online_latency
 
         os.makedirs(plot_dir, exist_ok=True)
         path = os.path.join(plot_dir, "online_latency.png")
-        plot_online_latency(systems_out, path=path,
-                            title=f"{model} through the server: {requests} ShareGPT-like requests x{scale}, "
-                                  f"{kv_capacity} KV slots")
+        plot_online_latency(result, path=path)
         result["plots"] = [path]
     result["seconds"] = time.perf_counter() - started
     return result
+
+
+def _mean(values):
+    values = [v for v in values if v is not None]
+    return sum(values) / len(values) if values else None
+
+
+def _trace_stats(trace) -> dict:
+    outputs = [n for _, n in trace]
+    return {"mean_prompt": sum(len(p) for p, _ in trace) / len(trace), "mean_output": sum(outputs) / len(trace),
+            "max_output": max(outputs), "max_total": max(len(p) + n for p, n in trace)}
 
 
 # ---------------------------------------------------------------- printing
@@ -488,70 +578,78 @@ def _s(x, digits=2) -> str:
     return "-" if x is None else f"{x:.{digits}f}"
 
 
-def _rate(value, at_least=False) -> str:
-    return "none" if value is None else (">" if at_least else "") + f"{value:g} req/s"
+def _rate(value) -> str:
+    return "none" if value is None else f"{value:g} req/s"
 
 
 def format_result(r: dict) -> str:
-    slo = r["slo"]
-    lines = [f"{r['model']}: {r['requests']} ShareGPT-like requests x{r['scale']} (mean prompt {r['mean_prompt']:.1f},"
-             f" mean output {r['mean_output']:.1f}, longest output {r['max_output']} tokens), Poisson arrivals; "
-             f"KV capacity {r['kv_capacity_tokens']} slots, max_model_len {r['max_model_len']}, max_num_seqs "
-             f"{r['max_num_seqs']}, attention {r['attention_backend']!r}",
-             f"rates {', '.join(f'{x:g}' for x in r['rates'])} req/s ({r['rates_from']}); each run ends "
-             f"{r['drain_s']:g} s after its last arrival (the cap); SLO: TTFT <= {slo['ttft_s']:g} s and "
-             f"<= {slo['normalized_s_per_token']:g} s/token\n"]
-    head = (f"{'rate':>6}{'done':>7}{'req/s':>7}{'tok/s':>8}{'TTFT p50':>9}{'p99':>7}{'ITL p50':>8}{'p99':>6}"
-            f"{'e2e p50':>8}{'p99':>7}{'s/token':>8}{'goodput':>8}{'sustained':>10}")
-    for s in r["systems"]:
-        lines += [f"{s['system']}   (TTFT, ITL in ms; e2e in s; goodput in req/s)", head, "-" * len(head)]
-        for run in s["runs"]:
-            done = f"{run['finished']}/{run['requests']}"
-            lines.append(f"{run['rate']:>6g}{done:>7}{run['requests_per_s']:>7.2f}{run['output_tokens_per_s']:>8.1f}"
-                         f"{_ms(run['ttft_p50_s']):>9}{_ms(run['ttft_p99_s']):>7}{_ms(run['itl_p50_s']):>8}"
-                         f"{_ms(run['itl_p99_s']):>6}{_s(run['e2e_p50_s']):>8}{_s(run['e2e_p99_s']):>7}"
-                         f"{_s(run['normalized_latency_s'], 3):>8}{run['goodput_requests_per_s']:>8.2f}"
-                         f"{'yes' if run['sustained'] else 'no':>10}")
-            if run["errors"]:
-                lines.append(f"        errors: {'; '.join(run['errors'])}")
-        lines.append("")
-    lines.append(f"sustained: every request finished within the cap and mean normalized latency <= "
-                 f"{r['sustain_factor']:g} x the system's own at the lowest rate, at that rate and every lower one")
-    for s in r["systems"]:
-        base = s["baseline_s_per_token"]
-        limit = "" if base is None else f" (<= {s['threshold_s_per_token']:.3f} s/token)"
-        lines.append(f"  {s['system']:<31} sustains {_rate(s['sustained_rate'], s['sustained_all'])}{limit}")
-    ratios = r["ratios"]
-    names = {"static": "static + contiguous", "orca": "Orca: continuous + contiguous"}
-    if ratios:
-        lines.append("\nratios, measured in this run:")
-    for other, name in names.items():
-        key = f"paged_vs_{other}_sustained_rate"
-        if key not in ratios:
+    sim, real, c = r["simulated"], r["real"], r["calibration"]["step_model"]
+    t = r["trace"]
+    lines = [f"{r['model']}: ShareGPT-like requests x{r['scale']} (mean prompt {t['mean_prompt']:.1f}, mean output "
+             f"{t['mean_output']:.1f}, longest output {t['max_output']} tokens), Poisson arrivals; KV capacity "
+             f"{r['kv_capacity_tokens']} slots, max_model_len {r['max_model_len']}, max_num_seqs {r['max_num_seqs']}",
+             "",
+             "== calibration ==",
+             f"(the paged engine in this process, {r['calibration']['steps']} steps)",
+             f"step time = {1000 * c['fixed_s']:.1f} ms + {1000 * c['per_token_s']:.2f} ms x tokens computed + "
+             f"{1000 * c['per_seq_s']:.2f} ms x sequences (median error {100 * c['median_error']:.0f}%)",
+             "",
+             "== simulated ==",
+             f"({sim['requests']} requests x {sim['seeds']} seeds at each rate; rates: "
+             f"{sim['rates_from']}; each run ends {sim['drain_s']:g} s after its last arrival)"]
+    head = f"{'rate':>7}" + "".join(f"{s['key']:>13}" for s in sim["systems"].values())
+    lines += ["mean normalized latency, s/token (* = held: every seed finished and stayed within "
+              f"{r['sustain_factor']:g} x the lowest rate's)", head, "-" * len(head)]
+    for i, rate in enumerate(sim["rates"]):
+        cells = ""
+        for s in sim["systems"].values():
+            run = s["runs"][i]
+            cells += f"{_s(run['normalized_latency_s'], 3) + ('*' if run['held'] else ' '):>13}"
+        lines.append(f"{rate:>7g}{cells}")
+    lines.append("")
+    lines.append("sustained rate: last held -> first missed (each seed's last held)")
+    for s in sim["systems"].values():
+        seeds = ", ".join("-" if x is None else f"{x:g}" for x in s["seed_held_rates"])
+        lines.append(f"  {s['system']:<40} {_rate(s['held_rate']):>12} -> {_rate(s['missed_rate']):<12} ({seeds})")
+    for key, value in sim["ratios"].items():
+        if key.endswith(("_low", "_high")):
             continue
-        value, both = ratios[key], ratios[f"paged_vs_{other}_both_sustain_all"]
-        if both:
-            ratio = "- (both sustain every rate tried)"
-        elif value is None:
-            ratio = "- (one sustains no tested rate)"
-        else:
-            ratio = (">=" if ratios[f"paged_vs_{other}_at_least"] else "") + f"{value:.2f}x"
-        good = ratios[f"paged_vs_{other}_goodput_at_top_rate"]
-        lines.append(f"  vLLM paged / {name:<31} sustained rate {ratio};  goodput at {r['rates'][-1]:g} req/s "
-                     f"{'-' if good is None else f'{good:.2f}x'}")
+        low, high = sim["ratios"][f"{key}_low"], sim["ratios"][f"{key}_high"]
+        lines.append(f"  {key}: {'-' if value is None else f'{value:.2f}x'} of the held rate "
+                     f"(between {'-' if low is None else f'{low:.2f}'} and {'-' if high is None else f'{high:.2f}'})")
+    if real["systems"]:
+        lines += ["", "== real ==", f"(real servers: {real['requests']} requests x {real['seeds']} seeds at "
+                      f"{' and '.join(f'{x:g}' for x in real['times_knee'])} x each simulated knee; each run ends "
+                      f"{real['drain_s']:g} s after its last arrival)"]
+        head = (f"{'system':<40}{'rate':>6}{'done':>8}{'s/token':>9}{'sim':>7}{'real/sim':>9}{'TTFT p50':>9}"
+                f"{'p99':>7}{'ITL p50':>8}{'req/s':>7}")
+        lines += ["(s/token: mean over seeds; TTFT, ITL in ms, first seed)", head, "-" * len(head)]
+        for s in real["systems"].values():
+            for run in s["runs"]:
+                first = run["seeds"][0]
+                done = f"{sum(x['finished'] for x in run['seeds'])}/{sum(x['requests'] for x in run['seeds'])}"
+                ratio = run["real_over_simulated"]
+                lines.append(f"{s['system']:<40}{run['rate']:>6g}{done:>8}{_s(run['normalized_latency_s'], 3):>9}"
+                             f"{_s(run['simulated_normalized_latency_s'], 3):>7}"
+                             f"{'-' if ratio is None else f'{ratio:.2f}':>9}{_ms(first['ttft_p50_s']):>9}"
+                             f"{_ms(first['ttft_p99_s']):>7}{_ms(first['itl_p50_s']):>8}{first['requests_per_s']:>7.2f}")
+                if run["errors"]:
+                    lines.append(f"        errors: {'; '.join(run['errors'])}")
+        a = real["agreement"]
+        if a:
+            lines.append(f"real / simulated normalized latency, every real run: {a['min']:.2f} to {a['max']:.2f} "
+                         f"(mean {a['mean']:.2f})")
     o = r["overhead"]
     if o:
-        lines.append(f"\nserver overhead (the paged system, all {r['requests']} requests at once; offline and server "
-                     f"alternated, the best of each; tries: offline "
-                     f"{', '.join(f'{x:.1f}' for x in o['offline_tries'])}, server "
-                     f"{', '.join(f'{x:.1f}' for x in o['server_tries'])} tok/s):")
-        lines.append(f"  through the server {o['server_output_tokens_per_s']:.1f} output tok/s "
-                     f"({o['server_seconds']:.1f} s), offline LLM.generate {o['offline_output_tokens_per_s']:.1f} "
-                     f"({o['offline_seconds']:.1f} s): server / offline = {100 * o['ratio']:.1f}% "
-                     f"(target >= {100 * o['target']:.0f}%: {'met' if o['meets_target'] else 'NOT met'})")
-        if o["same_text_as_offline"] is not None:
-            lines.append(f"  the same greedy text as offline: {o['same_text_as_offline']}/{r['requests']} requests")
-    lines += ["\n" + line for line in describe_probe(r["probe"])]
+        lines += ["", "== overhead ==", f"(the paged system, {o['requests']} requests at once; offline and "
+                      f"server alternated, the best of each; tries: offline "
+                      f"{', '.join(f'{x:.1f}' for x in o['offline_tries'])}, server "
+                      f"{', '.join(f'{x:.1f}' for x in o['server_tries'])} tok/s)",
+                  f"through the server {o['server_output_tokens_per_s']:.1f} output tok/s, offline LLM.generate "
+                  f"{o['offline_output_tokens_per_s']:.1f}: server / offline = {100 * o['ratio']:.1f}% (target >= "
+                  f"{100 * o['target']:.0f}%: {'met' if o['meets_target'] else 'NOT met'}); the same greedy text: "
+                  f"{o['same_text_as_offline']}/{o['requests']} requests"]
+    lines += ["", "== noise ==", *describe_probe(r["probe"])]
     for path in r.get("plots", []):
         lines.append(f"saved {path}")
     lines.append(f"({r['seconds']:.0f} s in all)")
@@ -570,56 +668,58 @@ def _floats(text: str) -> list[float]:
 
 def add_arguments(p):
     p.add_argument("--model", default="smollm2-135m", help="model name (default: smollm2-135m; 'tiny' is fast)")
-    p.add_argument("--requests", type=int, default=24, help="requests in the trace, at every rate (default: 24)")
+    p.add_argument("--requests", type=int, default=300, help="simulated requests at every rate (default: 300)")
+    p.add_argument("--seeds", type=int, default=3, help="simulated repeats of every rate (default: 3)")
     p.add_argument("--rates", default=None,
-                   help="request rates (requests/s), comma-separated (default: --rate-fractions of the paged "
-                        "server's measured saturation rate)")
-    p.add_argument("--rate-fractions", default=",".join(f"{f:g}" for f in RATE_FRACTIONS),
-                   help="without --rates: the rates as fractions of the paged saturation rate "
-                        f"(default: {','.join(f'{f:g}' for f in RATE_FRACTIONS)})")
+                   help="the simulated sweep's request rates (requests/s), comma-separated (default: --rates-count "
+                        f"rates from {RATE_SPAN[0]:g} to {RATE_SPAN[1]:g} x the paged all-at-once rate)")
+    p.add_argument("--rates-count", type=int, default=20, help="how many rates the default sweep has (default: 20)")
+    p.add_argument("--real-requests", type=int, default=48,
+                   help="requests per real-server run (default: 48)")
+    p.add_argument("--real-seeds", type=int, default=2, help="repeats of every real-server run (default: 2)")
     p.add_argument("--scale", type=float, default=0.1,
                    help="multiply the ShareGPT-like prompt and output lengths by this (default: 0.1)")
     p.add_argument("--kv-capacity", type=int, default=1536,
                    help="KV token slots every system gets (default: 1536, six max_model_len slabs)")
     p.add_argument("--max-model-len", type=int, default=256,
                    help="longest prompt + output; the contiguous slab size (default: 256)")
-    p.add_argument("--max-num-seqs", type=int, default=32, help="most sequences in a running batch (default: 32)")
+    p.add_argument("--max-num-seqs", type=int, default=64, help="most sequences in a running batch (default: 64)")
     p.add_argument("--drain-seconds", type=float, default=60.0,
-                   help="the cap: each (system, rate) run ends this long after its last arrival; requests not "
-                        "done by then are cancelled and count as unfinished (default: 60)")
+                   help="the simulated cap: a run ends this long after its last arrival (default: 60)")
+    p.add_argument("--real-drain-seconds", type=float, default=30.0,
+                   help="the real cap: requests not done this long after the last arrival are cancelled "
+                        "(default: 30)")
     p.add_argument("--slo-ttft", type=float, default=2.0, help="goodput's time-to-first-token target, s (default: 2)")
     p.add_argument("--slo-normalized", type=float, default=0.25,
                    help="goodput's normalized-latency target, s/token (default: 0.25)")
     p.add_argument("--sustain-factor", type=float, default=2.0,
-                   help="a rate is sustained while the system's mean normalized latency <= this x its own at "
+                   help="a rate is held while the system's mean normalized latency <= this x its own at "
                         "the lowest rate (default: 2)")
-    p.add_argument("--systems", default="static,orca,paged",
-                   help="which systems to run, comma-separated among static, orca, paged (default: all)")
-    p.add_argument("--skip-overhead", action="store_true",
-                   help="skip the server-vs-offline comparison (without --rates the paged saturation "
-                        "run still sets the rates)")
-    p.add_argument("--attention", default="torch_batched", choices=["torch_batched", "cpu", "torch"],
-                   help="the engine's attention backend in every system (default: torch_batched)")
-    p.add_argument("--seed", type=int, default=0, help="trace and arrival seed (default: 0)")
+    p.add_argument("--systems", default=",".join(SYSTEMS),
+                   help=f"which systems, comma-separated among {', '.join(SYSTEMS)} (default: all)")
+    p.add_argument("--skip-real", action="store_true", help="the simulated sweep only (no server is started)")
+    p.add_argument("--skip-overhead", action="store_true", help="skip the server-vs-offline comparison")
+    p.add_argument("--seed", type=int, default=0, help="the first trace and arrival seed (default: 0)")
     p.add_argument("--plot-dir", default=None, help="also save online_latency.png there")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
 
 
 def main(args) -> int:
     rates = _floats(args.rates) if args.rates else None
-    fractions = tuple(_floats(args.rate_fractions))
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
-    unknown = [s for s in systems if s not in [k for _, k, _ in SYSTEMS]]
-    if unknown:
-        raise ValueError(f"--systems: unknown {unknown}; choose among static, orca, paged")
-    r = run(args.model, rates, args.requests, args.scale, args.max_model_len, args.max_num_seqs, args.kv_capacity,
-            drain=args.drain_seconds, slo_ttft=args.slo_ttft, slo_normalized=args.slo_normalized,
-            sustain_factor=args.sustain_factor, rate_fractions=fractions, attention=args.attention, seed=args.seed,
-            progress=True, plot_dir=args.plot_dir, systems=systems, skip_overhead=args.skip_overhead)
+    unknown = [s for s in systems if s not in SYSTEMS]
+    if unknown or not systems:
+        raise ValueError(f"--systems: unknown {unknown}; choose among {', '.join(SYSTEMS)}")
+    r = run(args.model, requests=args.requests, seeds=args.seeds, rates=rates, rates_count=args.rates_count,
+            real_requests=args.real_requests, real_seeds=args.real_seeds, scale=args.scale,
+            max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs, kv_capacity=args.kv_capacity,
+            drain=args.drain_seconds, real_drain=args.real_drain_seconds, slo_ttft=args.slo_ttft,
+            slo_normalized=args.slo_normalized, sustain_factor=args.sustain_factor, seed=args.seed, systems=systems,
+            skip_real=args.skip_real, skip_overhead=args.skip_overhead, progress=True, plot_dir=args.plot_dir)
     records.publish(r)
     if args.json:
         print(json.dumps(r, indent=2))
     else:
         print(format_result(r))
-    failed = any(run["errors"] for s in r["systems"] for run in s["runs"])
+    failed = any(run["errors"] for s in r["real"]["systems"].values() for run in s["runs"])
     return 1 if failed else 0

@@ -15,7 +15,7 @@ from minipaged import records
 # Chapters whose measured sections are wholly rendered from records.
 RECORDED = ["00_the-kv-cache", "01_contiguous-cache", "02_fixed-blocks", "03_block-table", "04_on-demand-allocation",
             "05_copy-on-write", "06_continuous-batching", "07_prefix-caching", "08_chunked-prefill",
-            "09_speculative-decoding", "10_paged-attention-kernel"]
+            "09_speculative-decoding", "10_paged-attention-kernel", "11_serving"]
 
 # a percentage, a ratio (3.25×, 3 ×) or a decimal; "2 × 32" is a product, whose factors need not be figures
 NUMBER = re.compile(r"(?<![\w.])[−+-]?\d[\d,]*(?:\.\d+)?(?:\s?%|×|\s×(?!\s+[\d(#]))|(?<![\w.])\d+\.\d+(?![\w.])")

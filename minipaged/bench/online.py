@@ -28,7 +28,7 @@ The run has four parts, in this order:
    --requests requests at each of --rates-count rates, for each system, over --seeds seeds (a seed
    draws both the trace and the arrivals). The rates are spaced evenly on a log scale, from 4% to
    150% of the paged system's all-at-once request rate (simulated). On two cores a real sweep this
-   size would take hours; the simulator takes about a second per system and seed.
+   size would take hours; the simulator takes about 10 s per system, all seeds and rates together.
 3. The real servers. Each system runs as a real server process (``python -m minipaged serve``),
    loaded at two rates, 0.6 and 1.5 times its simulated knee, over --real-seeds seeds of
    --real-requests requests; the client times each request's server-sent events. The simulator
@@ -36,6 +36,11 @@ The run has four parts, in this order:
 4. The server's price. The paged server and offline ``LLM.generate``, in turn, serve one trace all at
    once, twice each (each side keeps its better try: on two cores one noisy half minute would
    otherwise decide the ratio). Output tokens/s of both and the ratio, against a target of 90%.
+
+With SmolLM2 on two cores the default run takes about 10 minutes: calibration half a minute, the
+simulated sweep under a minute, the rest the real servers (static batching's slow real rate alone
+takes about three). With --model tiny it takes about a minute, but the tiny model's steps cost less
+than the HTTP around them, so its real servers sit far from the simulated ones.
 
 Judging the sweep. A system's baseline is its mean normalized latency at the lowest rate (each
 system's own: static batching is slow even nearly idle, since a request that arrives during a

@@ -4,8 +4,8 @@
 
 Left: each system's mean normalized latency (s/token) against the request rate, from the simulated
 sweep (the line: the mean over seeds; the band: the lowest and highest seed), with the real
-servers' runs on top (hollow markers, one per seed) and each system's threshold (dashed: twice its
-own latency at the lowest rate). A curve stays nearly flat while the system keeps up, then climbs
+servers' runs on top (hollow markers, one per seed) and the threshold every system is held to
+(dashed: twice the unloaded latency). A curve stays nearly flat while the system keeps up, then climbs
 once its queue grows faster than it drains: the further right the climb, the higher the rate it
 sustains with the same KV memory.
 
@@ -29,7 +29,7 @@ MARKERS = {"static": "s", "orca_max": "^", "orca_pow2": "v", "orca_oracle": "D",
 def plot_online_latency(result: dict, path: str | None = None, title: str | None = None):
     """result: ``bench online``'s result (or a record's ``results``): its ``simulated.systems`` (key ->
     {"system", "runs": [{"rate", "normalized_latency_s", "normalized_min_s", "normalized_max_s",
-    "requests_per_s"}], "threshold_s_per_token"}) and ``real.systems`` (key -> {"runs": [{"rate",
+    "requests_per_s"}]}), ``simulated.threshold_s_per_token`` and ``real.systems`` (key -> {"runs": [{"rate",
     "seeds": [{"normalized_latency_s"}]}]})."""
     from matplotlib.figure import Figure
     from matplotlib.ticker import FuncFormatter, NullFormatter
@@ -49,14 +49,16 @@ def plot_online_latency(result: dict, path: str | None = None, title: str | None
                   label=s["system"])
         left.fill_between(x, [r["normalized_min_s"] for r in runs], [r["normalized_max_s"] for r in runs],
                           color=color, alpha=0.15, lw=0)
-        if s.get("threshold_s_per_token"):
-            left.axhline(s["threshold_s_per_token"], color=color, ls="--", lw=0.8, alpha=0.6)
         for run in real.get(key, {}).get("runs", []):
             values = [x["normalized_latency_s"] for x in run["seeds"] if x["normalized_latency_s"]]
             left.plot([run["rate"]] * len(values), values, ls="none", marker=marker, ms=9, mfc="none", mew=1.6,
                       color=color)
         right.plot([r["rate"] for r in s["runs"]], [r["requests_per_s"] for r in s["runs"]], color=color, lw=1.6,
                    marker=marker, ms=4, label=s["system"])
+    threshold = result["simulated"].get("threshold_s_per_token")
+    if threshold:
+        factor = result.get("sustain_factor", 2)
+        left.axhline(threshold, color="#424242", ls="--", lw=1, label=f"threshold: {factor:g} x the unloaded latency")
     if real:
         left.plot([], [], ls="none", marker="o", mfc="none", color="#424242", label="real server (one per seed)")
     plain = FuncFormatter(lambda v, _: f"{v:g}")
@@ -69,7 +71,7 @@ def plot_online_latency(result: dict, path: str | None = None, title: str | None
     left.set_yscale("log")
     left.set_ylabel("normalized latency (s/token)")
     left.legend(fontsize=7.5, loc="upper left")
-    left.set_title("mean latency per output token (band: seeds; dashed: thresholds)", fontsize=10)
+    left.set_title("mean latency per output token (band: lowest to highest seed)", fontsize=10)
     lo, hi = min(rates), max(rates)
     right.plot([lo, hi], [lo, hi], color="#9e9e9e", ls=":", lw=1, label="achieved = offered")
     right.set_yscale("log")

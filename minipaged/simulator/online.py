@@ -27,7 +27,12 @@ The systems are the vLLM paper's (section 6.2), all with the same KV capacity in
     orca_pow2    Orca, each request reserves the next power of two of prompt + max_tokens
     orca_oracle  Orca, each request reserves exactly prompt + output (knowing the output's length
                  in advance is impossible: an upper bound on what reservation can do)
-    paged        vLLM: continuous batching, blocks of 16 taken as tokens arrive
+    paged        vLLM: continuous batching, blocks of 16 taken as tokens arrive (the prefix cache
+                 off: the trace's prompts are random tokens, and a cache would only serve the
+                 benchmark's own repeats)
+
+One step-time model serves all five: it is fitted on the paged engine, and the contiguous systems
+run the same model over the same kind of batches (a slab is a run of blocks to the attention).
 
 Not handled yet: the server's own time per step (HTTP, JSON, streaming; ``bench online`` measures
 how far the real servers sit from the simulated ones), steps whose time depends on the context
@@ -46,7 +51,9 @@ SYSTEMS = {
     "orca_max": ("Orca (max): continuous + contiguous", {"kv_policy": "contiguous", "reservation": "max"}),
     "orca_pow2": ("Orca (pow2): continuous + contiguous", {"kv_policy": "contiguous", "reservation": "pow2"}),
     "orca_oracle": ("Orca (oracle): continuous + contiguous", {"kv_policy": "contiguous", "reservation": "oracle"}),
-    "paged": ("vLLM: continuous + paged", {}),
+    # the prefix cache off: the benchmark sends the same prompts more than once (warm-up, seeds, the
+    # overhead tries), and a real server's cache hits would make it faster than its simulated twin
+    "paged": ("vLLM: continuous + paged", {"enable_prefix_caching": False}),
 }
 
 
@@ -72,10 +79,12 @@ class StepTimeModel:
     def fit(cls, rows) -> StepTimeModel:
         """Fit on ``rows`` of (tokens computed, sequences, seconds), one per real step.
 
-        The fit minimises each step's error *relative to its own time*: a plain least-squares fit is
-        ruled by the slowest (largest-batch) steps and may put tens of milliseconds of "fixed" cost on
-        a one-sequence step that really takes 25 ms. Each coefficient must be >= 0: every subset of the
-        three terms is fitted, and the best fit with no negative coefficient is kept."""
+        The fit minimises each step's error *relative to its own time* (the sum of squared relative
+        errors): a plain least-squares fit is ruled by the slowest (largest-batch) steps and may put
+        tens of milliseconds of "fixed" cost on a one-sequence step that really takes 25 ms. Each
+        coefficient must be >= 0: every subset of the three terms is fitted, and of the fits with no
+        negative coefficient the one with the smallest sum is kept. A term the data cannot tell apart
+        from the others (in a decode step the tokens are the sequences) may come out as 0."""
         import numpy as np
 
         rows = [(float(t), float(s), float(y)) for t, s, y in rows if y > 0]
@@ -93,12 +102,14 @@ class StepTimeModel:
                     continue
                 full = np.zeros(3)
                 full[list(cols)] = coef
-                error = float(np.median(np.abs(features @ full - y) / y))
-                if best is None or error < best[1] - 1e-12:
-                    best = (full, error)
+                loss = float(np.sum(((features @ full - y) / y) ** 2))
+                if best is None or loss < best[1] - 1e-15:
+                    best = (full, loss)
         if best is None:
             raise ValueError("StepTimeModel.fit found no fit with non-negative coefficients")
-        (fixed, per_token, per_seq), error = best
+        full = best[0]
+        error = float(np.median(np.abs(features @ full - y) / y))
+        fixed, per_token, per_seq = full
         return cls(float(fixed), float(per_token), float(per_seq), error, len(rows))
 
     def as_dict(self) -> dict:
@@ -147,13 +158,15 @@ def make_core(system: str, step_model: StepTimeModel, *, kv_capacity: int, max_m
 
 
 def simulate(system: str, trace, arrivals, step_model: StepTimeModel, *, kv_capacity: int, max_model_len: int,
-             max_num_seqs: int, drain: float, block_size: int = 16) -> list[dict]:
+             max_num_seqs: int, drain: float | None = None, block_size: int = 16) -> list[dict]:
     """Serve ``trace`` ([(prompt ids, output length)]) arriving at ``arrivals`` (s) on a virtual clock.
 
     Returns one record per request in the shape ``bench online``'s load generator writes
     (``arrival_s``, ``chunk_s``: the time of each token, ``end_s``, ``output_tokens``, ``status``),
-    so the same summary reads both. The run stops ``drain`` seconds after the last arrival; requests
-    still queued or running then are "unfinished", as the real benchmark's cap makes them."""
+    so the same summary reads both. With ``drain`` the run stops ``drain`` seconds after the last
+    arrival, and a request not finished by then is "unfinished", as the real benchmark's cap makes it
+    (a step that ends past the cap counts as not done: the real client has hung up by then). Without
+    it the run goes on until every request has finished: virtual time costs nothing."""
     from minipaged.sampling_params import SamplingParams
 
     if len(trace) != len(arrivals):
@@ -163,9 +176,9 @@ def simulate(system: str, trace, arrivals, step_model: StepTimeModel, *, kv_capa
     runner = core.runner
     order = sorted(range(len(trace)), key=lambda i: arrivals[i])
     records = [{"arrival_s": a, "expected_tokens": n, "prompt_tokens": len(p), "sent_s": a, "end_s": None,
-                "output_tokens": None, "chunk_s": [], "status": "unfinished"}
+                "output_tokens": None, "chunk_s": [], "tokens_seen": 0, "status": "unfinished"}
                for (p, n), a in zip(trace, arrivals)]
-    cap = max(arrivals) + drain
+    cap = max(arrivals) + drain if drain is not None else float("inf")
     nxt = 0
     while runner.now <= cap:
         while nxt < len(order) and arrivals[order[nxt]] <= runner.now:
@@ -179,13 +192,18 @@ def simulate(system: str, trace, arrivals, step_model: StepTimeModel, *, kv_capa
                 break
             runner.now = arrivals[order[nxt]]  # idle until the next arrival
             continue
-        for request_id in core.step():
+        changed = core.step()
+        if runner.now > cap:
+            break  # this step ended after the cap: its tokens never reached a client
+        for request_id in changed:
             request, record = core.requests[request_id], records[int(request_id)]
-            if len(record["chunk_s"]) < sum(len(s.output_ids) for s in request.samples):
+            tokens = sum(len(s.output_ids) for s in request.samples)
+            if tokens > record["tokens_seen"]:  # one event per step that made tokens, as the server streams
                 record["chunk_s"].append(runner.now)
+                record["tokens_seen"] = tokens
             if request.finished:
                 record["end_s"] = request.finished_time
-                record["output_tokens"] = len(record["chunk_s"])
+                record["output_tokens"] = tokens
                 if request.status.name != "FINISHED":
                     record["status"] = f"error: {request.status.name.lower()}"
                 elif record["output_tokens"] != record["expected_tokens"]:

@@ -53,7 +53,8 @@ def test_the_sweep_covers_every_system_seed_and_rate(result):
         assert s["held_rate"] is None or s["held_rate"] in sim["rates"]
         assert len(s["seed_held_rates"]) == SEEDS
     assert sim["systems"]["static"]["runs"][0]["normalized_latency_s"] > \
-        sim["systems"]["paged"]["runs"][0]["normalized_latency_s"]  # a static batch waits even nearly idle
+        sim["systems"]["paged"]["runs"][0]["normalized_latency_s"]  # one arriving during a static batch waits for it
+    assert len({s["threshold_s_per_token"] for s in sim["systems"].values()}) == 1  # one bar for all
 
 
 def test_every_real_server_served_every_request_exactly(result):
@@ -92,6 +93,13 @@ def test_overhead_text_record_and_plot(result, tmp_path):
     record.write_text(json.dumps({"results": result}))  # --json prints it as is; a record wraps it
     assert plot_online.main([str(record), str(tmp_path / "again.png")]) == 0
     assert (tmp_path / "again.png").stat().st_size > 10_000
+
+
+def test_each_systems_fields_become_the_servers_flags():
+    flags = online._server_flags({"kv_policy": "contiguous", "enable_prefix_caching": False}, 256, 64, 1536)
+    assert flags == ["--max-model-len", "256", "--max-num-seqs", "64", "--kv-capacity-tokens", "1536",
+                     "--kv-policy", "contiguous", "--no-enable-prefix-caching"]
+    assert online._server_flags({"enable_prefix_caching": True}, 1, 2, 3)[-1] == "--enable-prefix-caching"
 
 
 def test_bad_arguments_are_refused_before_anything_starts():

@@ -28,7 +28,8 @@ The run has four parts, in this order:
    --requests requests at each of --rates-count rates, for each system, over --seeds seeds (a seed
    draws both the trace and the arrivals). The rates are spaced evenly on a log scale, from 2% to
    150% of the paged system's all-at-once request rate (simulated). On two cores a real sweep this
-   size would take hours; the simulator takes about 10 s per system, all seeds and rates together.
+   size would take hours; the simulator takes about 25 s per system, all seeds and rates together,
+   and its 48 rates are about 10% apart, so a knee is known to within 10%.
 3. The real servers. Each system runs as a real server process (``python -m minipaged serve``),
    loaded at two rates, 0.6 and 1.5 times its simulated knee, over --real-seeds seeds of
    --real-requests requests; the client times each request's server-sent events. The simulator
@@ -37,9 +38,9 @@ The run has four parts, in this order:
    once, twice each (each side keeps its better try: on two cores one noisy half minute would
    otherwise decide the ratio). Output tokens/s of both and the ratio, against a target of 90%.
 
-With SmolLM2 on two cores the default run takes about 10 minutes: calibration half a minute, the
-simulated sweep under a minute, the rest the real servers (static batching's slow real rate alone
-takes about three). With --model tiny it takes about a minute, but the tiny model's steps cost less
+With SmolLM2 on two cores the default run takes about 17 minutes: calibration half a minute, the
+simulated sweep two minutes, the rest the real servers (static batching's slow real rate alone
+takes about six). With --model tiny it takes about a minute, but the tiny model's steps cost less
 than the HTTP around them, so its real servers sit far from the simulated ones.
 
 Judging the sweep. The paper compares systems at the same latency, so there is one bar for all
@@ -402,7 +403,7 @@ def _rates(saturation: float, count: int) -> list[float]:
     return sorted({float(f"{r:.2g}") for r in rates})
 
 
-def run(model="smollm2-135m", requests=300, seeds=3, rates=None, rates_count=24, real_requests=48, real_seeds=2,
+def run(model="smollm2-135m", requests=300, seeds=3, rates=None, rates_count=48, real_requests=48, real_seeds=2,
         scale=0.1, max_model_len=256, max_num_seqs=64, kv_capacity=1536, real_drain=30.0,
         slo_ttft=2.0, slo_normalized=0.25, sustain_factor=2.0, seed=0, systems=None, skip_real=False,
         skip_overhead=False, progress=True, plot_dir=None) -> dict:
@@ -690,7 +691,7 @@ def add_arguments(p):
     p.add_argument("--rates", default=None,
                    help="the simulated sweep's request rates (requests/s), comma-separated (default: --rates-count "
                         f"rates from {RATE_SPAN[0]:g} to {RATE_SPAN[1]:g} x the paged all-at-once rate)")
-    p.add_argument("--rates-count", type=int, default=24, help="how many rates the default sweep has (default: 24)")
+    p.add_argument("--rates-count", type=int, default=48, help="how many rates the default sweep has (default: 48)")
     p.add_argument("--real-requests", type=int, default=48,
                    help="requests per real-server run (default: 48)")
     p.add_argument("--real-seeds", type=int, default=2, help="repeats of every real-server run (default: 2)")

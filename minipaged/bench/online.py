@@ -20,8 +20,9 @@ tokens (s/token), the mean over the finished requests.
 
 The run has four parts, in this order:
 
-1. Calibration. The paged engine, in this process, serves batches of 1 to 64 requests at once, and
-   every step's time is recorded with the tokens it computed and the sequences in it. A step-time
+1. Calibration. The paged engine, in this process, serves prompts of 8 to 240 tokens alone, then
+   batches of 1 to 64 requests at once, and every step's time is recorded with the tokens it
+   computed and the sequences in it. A step-time
    model, fixed + per_token x tokens + per_seq x sequences, is fitted to them (relative error).
 2. The sweep, simulated. The model-free simulator (``simulator/online.py``: the real engine core,
    scheduler and KV policy, on a virtual clock that each step advances by the fitted time) serves
@@ -37,6 +38,9 @@ The run has four parts, in this order:
 4. The server's price. The paged server and offline ``LLM.generate``, in turn, serve one trace all at
    once, twice each (each side keeps its better try: on two cores one noisy half minute would
    otherwise decide the ratio). Output tokens/s of both and the ratio, against a target of 90%.
+5. Calibration again. The same steps, timed again at the end: how far the machine itself drifted
+   while the servers ran (on a shared machine a step can slow by a tenth or more within minutes),
+   which the simulated twins, priced by the first fit, cannot know.
 
 With SmolLM2 on two cores the default run takes about 17 minutes: calibration half a minute, the
 simulated sweep two minutes, the rest the real servers (static batching's slow real rate alone
@@ -90,6 +94,7 @@ from minipaged.simulator.online import SYSTEMS, StepTimeModel, simulate
 OVERHEAD_TARGET = 0.9
 OVERHEAD_PAIRS = 2  # offline, server, offline, server: the best of each side
 CALIBRATION_BATCHES = (1, 2, 4, 8, 16, 32, 64)  # requests at once, for the step-time fit
+PREFILL_LENGTHS = (8, 32, 64, 128, 240)  # prompt lengths served alone, for the step-time fit
 RATE_SPAN = (0.02, 1.5)  # the sweep's rates, as fractions of the paged system's all-at-once rate
 REAL_AT = (0.6, 1.5)  # the real servers' rates, as multiples of each system's simulated knee
 RUN_KEYS = ("finished", "requests", "unfinished", "normalized_latency_s", "requests_per_s", "output_tokens_per_s",
@@ -301,9 +306,10 @@ def offline_run(llm, trace) -> dict:
 
 
 def calibrate(llm, trace, batches=CALIBRATION_BATCHES, progress=False) -> tuple[StepTimeModel, list]:
-    """Serve ``trace``'s requests in groups of each size in ``batches``, all of a group at once, and
-    fit the step-time model on every step's (tokens computed, sequences, seconds). A group's batch
-    shrinks as its requests finish, so each group gives steps of many sizes."""
+    """Serve prompts alone (PREFILL_LENGTHS tokens, 1 and 4 at once), then ``trace``'s requests in
+    groups of each size in ``batches``, all of a group at once, and fit the step-time model on every
+    step's (tokens computed, sequences, seconds). A group's batch shrinks as its requests finish, so
+    each group gives decode steps of many sizes; the prompts alone give the steps that price a token."""
     from minipaged import SamplingParams
 
     rows = []
@@ -316,6 +322,15 @@ def calibrate(llm, trace, batches=CALIBRATION_BATCHES, progress=False) -> tuple[
     core = llm.engine.core
     core.metrics.subscribe(keep)
     try:
+        # prompts alone first, 1 to 4 at once and of several lengths: the steps that price a token
+        rng = random.Random(len(trace))
+        low = min(1000, llm.config.vocab_size // 4)
+        for length in PREFILL_LENGTHS:
+            length = min(length, llm.max_model_len - 1)
+            for size in (1, 4):
+                prompts = [[rng.randrange(low, llm.config.vocab_size) for _ in range(length)] for _ in range(size)]
+                llm.generate(prompts, SamplingParams(temperature=0, max_tokens=1, ignore_eos=True), use_tqdm=False)
+        _say(progress, f"  calibration: prompts of {', '.join(map(str, PREFILL_LENGTHS))} tokens, 1 and 4 at once")
         start = 0
         for size in batches:
             group = [trace[(start + i) % len(trace)] for i in range(size)]
@@ -442,9 +457,7 @@ def run(model="smollm2-135m", requests=300, seeds=3, rates=None, rates_count=48,
     # 1. calibration
     _say(progress, "1. calibration: the paged engine's steps, timed ...")
     step_model, rows = calibrate(llm, make_trace(64, scale, max_model_len, vocab, seed + 1000), progress=progress)
-    _say(progress, f"  step = {1000 * step_model.fixed_s:.1f} ms + {1000 * step_model.per_token_s:.2f} ms x tokens "
-                   f"+ {1000 * step_model.per_seq_s:.2f} ms x sequences ({step_model.steps} steps, median error "
-                   f"{100 * step_model.median_error:.0f}%)")
+    _say(progress, f"  {_model_text(step_model)}")
 
     # 2. the simulated sweep
     traces = [make_trace(requests, scale, max_model_len, vocab, seed + i) for i in range(seeds)]
@@ -483,8 +496,6 @@ def run(model="smollm2-135m", requests=300, seeds=3, rates=None, rates_count=48,
     if not skip_overhead and "paged" in keys:
         offline = offline_run(llm, real_traces[0])
         offline_tries.append(offline["output_tokens_per_s"])
-    if skip_real:
-        llm = None
     for key in ([] if skip_real else keys):
         from minipaged.server.process import ServerProcess
 
@@ -515,8 +526,6 @@ def run(model="smollm2-135m", requests=300, seeds=3, rates=None, rates_count=48,
                             "ratio": ratio, "target": OVERHEAD_TARGET, "meets_target": ratio >= OVERHEAD_TARGET,
                             "same_text_as_offline": sum(1 for a, b in zip(texts, offline["texts"]) if a == b),
                             "offline_tries": offline_tries, "server_tries": server_tries}
-                llm = None  # the offline engine is done
-                gc.collect()
                 _say(progress, f"  server {100 * ratio:.1f}% of offline LLM.generate's output tokens/s")
             for factor in REAL_AT:
                 rate = float(f"{factor * knee:.2g}")
@@ -545,6 +554,14 @@ def run(model="smollm2-135m", requests=300, seeds=3, rates=None, rates_count=48,
                      else None)
         real[key] = {"system": s["system"], "key": key, "flags": flags, "runs": runs, "climb": climb,
                      "simulated_climb": sim_climb, "server_returncode": server.returncode}
+    # the same calibration again: how far the machine itself drifted while the servers ran
+    after, _ = calibrate(llm, make_trace(64, scale, max_model_len, vocab, seed + 1000))
+    llm = None
+    gc.collect()
+    steps = {"decode_1": (1, 1), "decode_16": (16, 16), "prompt_128": (128, 1)}  # (tokens, sequences)
+    drift = {name: after.seconds(*shape) / step_model.seconds(*shape) for name, shape in steps.items()}
+    _say(progress, f"calibration again: {_model_text(after)}; a 1-sequence decode step now x{drift['decode_1']:.2f}, "
+                   f"a 16-sequence one x{drift['decode_16']:.2f}, a 128-token prompt x{drift['prompt_128']:.2f}")
     probe_after = gemm_probe()
     ratios = [r["real_over_simulated"] for s in real.values() for r in s["runs"] if r["real_over_simulated"]]
     agreement = {"min": min(ratios), "max": max(ratios), "mean": sum(ratios) / len(ratios)} if ratios else None
@@ -553,7 +570,8 @@ def run(model="smollm2-135m", requests=300, seeds=3, rates=None, rates_count=48,
               "slo": {"ttft_s": slo_ttft, "normalized_s_per_token": slo_normalized}, "sustain_factor": sustain_factor,
               "trace": _trace_stats(traces[0]),
               "calibration": {"batches": list(CALIBRATION_BATCHES), "steps": len(rows),
-                              "step_model": step_model.as_dict(),
+                              "step_model": step_model.as_dict(), "step_model_after": after.as_dict(),
+                              "drift": drift,
                               "decode_step_ms": {str(b): 1000 * step_model.seconds(b, b) for b in (1, 8, 32, 64)}},
               "simulated": {"requests": requests, "seeds": seeds, "rates": rates, "rates_from": rates_from,
                             "baseline_s_per_token": simulated[keys[0]]["baseline_s_per_token"],
@@ -572,6 +590,11 @@ def run(model="smollm2-135m", requests=300, seeds=3, rates=None, rates_count=48,
         result["plots"] = [path]
     result["seconds"] = time.perf_counter() - started
     return result
+
+
+def _model_text(m: StepTimeModel) -> str:
+    return (f"step = {1000 * m.fixed_s:.1f} ms + {1000 * m.per_token_s:.2f} ms x tokens + {1000 * m.per_seq_s:.2f} ms "
+            f"x sequences ({m.steps} steps, median error {100 * m.median_error:.0f}%)")
 
 
 def _mean(values):
@@ -610,6 +633,9 @@ def format_result(r: dict) -> str:
              f"(the paged engine in this process, {r['calibration']['steps']} steps)",
              f"step time = {1000 * c['fixed_s']:.1f} ms + {1000 * c['per_token_s']:.2f} ms x tokens computed + "
              f"{1000 * c['per_seq_s']:.2f} ms x sequences (median error {100 * c['median_error']:.0f}%)",
+             "taken again at the end, the same steps took: " + ", ".join(
+                 f"{name.replace('_', ' ')} x{value:.2f}" for name, value in r["calibration"]["drift"].items())
+             + " (decode n: a step of n sequences; prompt 128: one prompt of 128 tokens)",
              "",
              "== simulated ==",
              f"({sim['requests']} requests x {sim['seeds']} seeds at each rate; rates: "

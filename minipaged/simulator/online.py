@@ -80,7 +80,8 @@ class StepTimeModel:
         """Fit on ``rows`` of (tokens computed, sequences, seconds), one per real step.
 
         The fit minimises each step's error *relative to its own time* (the sum of squared relative
-        errors): a plain least-squares fit is ruled by the slowest (largest-batch) steps and may put
+        errors, the steps with a prompt in them weighing as much in all as the decode-only steps):
+        a plain least-squares fit is ruled by the slowest (largest-batch) steps and may put
         tens of milliseconds of "fixed" cost on a one-sequence step that really takes 25 ms. Each
         coefficient must be >= 0: every subset of the three terms is fitted, and of the fits with no
         negative coefficient the one with the smallest sum is kept. A term the data cannot tell apart
@@ -93,16 +94,21 @@ class StepTimeModel:
         data = np.array(rows)  # [steps, 3]
         features = np.column_stack([np.ones(len(data)), data[:, 0], data[:, 1]])  # [steps, 3]
         y = data[:, 2]
+        # a serving run has few steps with a prompt in them (tokens > sequences) and many decode steps
+        # (tokens = sequences); only the former tell a token's cost from a sequence's, so each kind
+        # weighs as much as the other in all
+        prefill = data[:, 0] > data[:, 1]
+        weight = np.where(prefill, 1.0 / max(prefill.sum(), 1), 1.0 / max((~prefill).sum(), 1))
         best = None
         for size in (3, 2, 1):
             for cols in itertools.combinations(range(3), size):
-                a = features[:, cols] / y[:, None]  # each row over its own time: relative error
-                coef, *_ = np.linalg.lstsq(a, np.ones(len(y)), rcond=None)
+                a = features[:, cols] / y[:, None] * np.sqrt(weight)[:, None]  # relative error, weighted
+                coef, *_ = np.linalg.lstsq(a, np.sqrt(weight), rcond=None)
                 if (coef < 0).any():
                     continue
                 full = np.zeros(3)
                 full[list(cols)] = coef
-                loss = float(np.sum(((features @ full - y) / y) ** 2))
+                loss = float(np.sum(weight * ((features @ full - y) / y) ** 2))
                 if best is None or loss < best[1] - 1e-15:
                     best = (full, loss)
         if best is None:

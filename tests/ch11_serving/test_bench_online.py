@@ -38,6 +38,8 @@ def test_the_step_time_is_fitted_on_the_real_engines_steps(result):
     assert m["fixed_s"] >= 0 and m["per_token_s"] >= 0 and m["per_seq_s"] >= 0
     assert 0 < m["fixed_s"] + m["per_token_s"] + m["per_seq_s"] < 1.0  # a one-token step of the tiny model
     assert 0 <= m["median_error"] < 1
+    assert set(c["drift"]) == {"decode_1", "decode_16", "prompt_128"} and all(x > 0 for x in c["drift"].values())
+    assert c["step_model_after"]["steps"] > 50  # the same calibration, taken again at the end
 
 
 def test_the_sweep_covers_every_system_seed_and_rate(result):

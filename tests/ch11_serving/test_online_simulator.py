@@ -27,6 +27,19 @@ def test_the_fit_recovers_a_known_step_time_and_weighs_each_step_by_its_own_time
     assert StepTimeModel.fit(noisy).fixed_s == pytest.approx(0.020, rel=0.15)
 
 
+def test_the_steps_with_a_prompt_weigh_as_much_in_all_as_the_decode_steps():
+    truth = StepTimeModel(0.025, 0.0015, 0.0003)
+    # decode steps that grow less than linearly, as a CPU's do, so no line fits both kinds exactly
+    decodes = [(b, b, truth.seconds(b, b) * (1.1 - 0.2 * b / 40)) for b in range(1, 41)]
+    prompts = [(t, n, truth.seconds(t, n)) for t, n in [(16, 1), (64, 1), (128, 1), (256, 4), (512, 4)]]
+    fitted = StepTimeModel.fit(decodes + prompts)
+    # each kind counts as a whole: ten times the decode steps (a long serving run) change nothing
+    for more in (StepTimeModel.fit(decodes * 10 + prompts), StepTimeModel.fit(decodes + prompts * 10)):
+        assert (more.fixed_s, more.per_token_s, more.per_seq_s) == pytest.approx(
+            (fitted.fixed_s, fitted.per_token_s, fitted.per_seq_s), rel=1e-6)
+    assert fitted.seconds(512, 4) == pytest.approx(truth.seconds(512, 4), rel=0.05)
+
+
 def test_the_fit_never_gives_a_negative_coefficient():
     rows = [(t, 1, 0.05 - 0.0001 * t) for t in (1, 50, 100, 200, 300)]  # time falling with the tokens
     fitted = StepTimeModel.fit(rows)

@@ -18,7 +18,7 @@ prompts), every request decoding exactly its own output length (temperature 0, `
 The paper's y axis is the normalized latency: a request's end-to-end latency over its output
 tokens (s/token), the mean over the finished requests.
 
-The run has four parts, in this order:
+The run has five parts, in this order:
 
 1. Calibration. The paged engine, in this process, serves prompts of 8 to 240 tokens alone, then
    batches of 1 to 64 requests at once, and every step's time is recorded with the tokens it
@@ -42,8 +42,8 @@ The run has four parts, in this order:
    while the servers ran (on a shared machine a step can slow by a tenth or more within minutes),
    which the simulated twins, priced by the first fit, cannot know.
 
-With SmolLM2 on two cores the default run takes about 17 minutes: calibration half a minute, the
-simulated sweep two minutes, the rest the real servers (static batching's slow real rate alone
+With SmolLM2 on two cores the default run takes about 18 minutes: calibration a minute, the
+simulated sweep two and a half, the rest the real servers (static batching's slow real rate alone
 takes about six). With --model tiny it takes about a minute, but the tiny model's steps cost less
 than the HTTP around them, so its real servers sit far from the simulated ones.
 

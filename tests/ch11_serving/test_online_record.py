@@ -22,7 +22,7 @@ def test_the_record_is_the_chapters_command_at_its_defaults(record):
     assert record["command"] == "python -m minipaged bench online --plot-dir chapters/11_serving"
     assert not record["dirty"] and r["model"] == "smollm2-135m"
     # the plain integers the text states
-    assert (r["simulated"]["requests"], r["simulated"]["seeds"], len(r["simulated"]["rates"])) == (300, 3, 20)
+    assert (r["simulated"]["requests"], r["simulated"]["seeds"], len(r["simulated"]["rates"])) == (300, 3, 48)
     assert (r["real"]["requests"], r["real"]["seeds"], len(r["real"]["systems"])) == (48, 2, 5)
     assert (r["kv_capacity_tokens"], r["max_model_len"], r["max_num_seqs"]) == (1536, 256, 64)
     assert r["probe"]["reliable"]  # "the GEMM probe finding the cores quiet"
@@ -34,18 +34,16 @@ def test_every_knee_is_inside_the_rates_in_the_papers_order(record):
     systems = [sim["systems"][k] for k in SYSTEMS]
     held = [s["held_rate"] for s in systems]
     assert None not in held and all(s["missed_rate"] for s in systems)
-    assert held == sorted(held) and held[0] < held[1] < held[-1]
+    assert all(a < b for a, b in zip(held, held[1:]))  # strictly: paging last
     assert held[0] > sim["rates"][0]  # the lowest rate is below every knee
-    for s in systems:  # "never more than one step of the rate grid" between a seed's knee and the knee
-        i = sim["rates"].index(s["held_rate"])
-        for seed in s["seed_held_rates"]:
-            assert abs(sim["rates"].index(seed) - i) <= 1, (s["key"], seed)
+    for s in systems:  # "the knee of all three is the most cautious": at or below every seed's own
+        assert None not in s["seed_held_rates"] and s["held_rate"] <= min(s["seed_held_rates"]), s["key"]
 
 
 def test_the_real_servers_agree_with_their_twins_and_served_everything(record):
     real = record["results"]["real"]
     a = real["agreement"]
-    assert 0.8 <= a["min"] <= a["max"] <= 1.25  # "the real servers agree with the simulator"
+    assert 1.0 <= a["min"] <= a["max"] <= 1.25  # "a little above the simulator"
     for s in real["systems"].values():
         assert s["server_returncode"] == 0
         for run in s["runs"]:
@@ -58,9 +56,10 @@ def test_the_real_servers_agree_with_their_twins_and_served_everything(record):
 def test_static_batching_bends_well_before_its_capacity(record):
     static = record["results"]["simulated"]["systems"]["static"]
     assert static["missed_rate"] < 0.5 * static["runs"][-1]["requests_per_s"]
-    paged = record["results"]["simulated"]["systems"]["paged"]
     # a continuous system bends near where it leaves the diagonal: its capacity is near its knee
-    assert paged["held_rate"] <= paged["runs"][-1]["requests_per_s"] <= 1.5 * paged["missed_rate"]
+    for key in ("orca_max", "orca_pow2", "orca_oracle", "paged"):
+        s = record["results"]["simulated"]["systems"][key]
+        assert s["held_rate"] <= s["runs"][-1]["requests_per_s"] <= 1.5 * s["missed_rate"], key
 
 
 def test_the_figure_is_drawn_from_the_record(record, tmp_path):

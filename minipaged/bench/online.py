@@ -3,7 +3,7 @@ request rate, for five systems with the same KV memory.
 
     python -m minipaged bench online [--model smollm2-135m] [--requests 300] [--seeds 3]
                                      [--real-requests 48] [--real-seeds 2] [--plot-dir DIR] [--json]
-    python -m minipaged bench online --model tiny            # the same on the tiny model, in about a minute
+    python -m minipaged bench online --model tiny            # the same on the tiny model, in about 4 minutes
 
 The five systems are the paper's (section 6.2), each with the same model, max_model_len,
 max_num_seqs and KV capacity in token slots (``minipaged/simulator/online.py``'s ``SYSTEMS``):
@@ -44,8 +44,9 @@ The run has five parts, in this order:
 
 With SmolLM2 on two cores the default run takes about 18 minutes: calibration a minute, the
 simulated sweep two and a half, the rest the real servers (static batching's slow real rate alone
-takes about six). With --model tiny it takes about a minute, but the tiny model's steps cost less
-than the HTTP around them, so its real servers sit far from the simulated ones.
+takes about six). With --model tiny it takes about 4 minutes (the simulated sweep costs the same
+whatever the model), but the tiny model's steps cost less than the HTTP around them, so its real
+servers sit far from the simulated ones.
 
 Judging the sweep. The paper compares systems at the same latency, so there is one bar for all
 five: the threshold is --sustain-factor (default 2) x the unloaded latency, the lowest mean normalized

@@ -88,7 +88,7 @@ import time
 
 from minipaged import records
 from minipaged.bench.noise import describe_probe, gemm_probe, probe_pair
-from minipaged.bench.serving import make_trace
+from minipaged.bench.serving import make_trace, random_prompt
 from minipaged.metrics import percentile
 from minipaged.simulator.online import SYSTEMS, StepTimeModel, simulate
 
@@ -325,11 +325,10 @@ def calibrate(llm, trace, batches=CALIBRATION_BATCHES, progress=False) -> tuple[
     try:
         # prompts alone first, 1 to 4 at once and of several lengths: the steps that price a token
         rng = random.Random(len(trace))
-        low = min(1000, llm.config.vocab_size // 4)
         for length in PREFILL_LENGTHS:
             length = min(length, llm.max_model_len - 1)
             for size in (1, 4):
-                prompts = [[rng.randrange(low, llm.config.vocab_size) for _ in range(length)] for _ in range(size)]
+                prompts = [random_prompt(rng, length, llm.config.vocab_size) for _ in range(size)]
                 llm.generate(prompts, SamplingParams(temperature=0, max_tokens=1, ignore_eos=True), use_tqdm=False)
         _say(progress, f"  calibration: prompts of {', '.join(map(str, PREFILL_LENGTHS))} tokens, 1 and 4 at once")
         start = 0
@@ -548,13 +547,8 @@ def run(model="smollm2-135m", requests=300, seeds=3, rates=None, rates_count=48,
                              "real_over_simulated": real_norm / sim_norm if real_norm and sim_norm else None})
                 _say(progress, f"  {rate:g} req/s ({factor:g} x knee): {_s(real_norm, 3)} s/token real, "
                                f"{_s(sim_norm, 3)} simulated ({time.perf_counter() - t:.0f} s)")
-        climb = (runs[1]["normalized_latency_s"] / runs[0]["normalized_latency_s"]
-                 if runs[0]["normalized_latency_s"] and runs[1]["normalized_latency_s"] else None)
-        sim_climb = (runs[1]["simulated_normalized_latency_s"] / runs[0]["simulated_normalized_latency_s"]
-                     if runs[0]["simulated_normalized_latency_s"] and runs[1]["simulated_normalized_latency_s"]
-                     else None)
-        real[key] = {"system": s["system"], "key": key, "flags": flags, "runs": runs, "climb": climb,
-                     "simulated_climb": sim_climb, "server_returncode": server.returncode}
+        real[key] = {"system": s["system"], "key": key, "flags": flags, "runs": runs,
+                     "server_returncode": server.returncode}
     # the same calibration again: how far the machine itself drifted while the servers ran
     after, _ = calibrate(llm, make_trace(64, scale, max_model_len, vocab, seed + 1000))
     llm = None
@@ -572,8 +566,7 @@ def run(model="smollm2-135m", requests=300, seeds=3, rates=None, rates_count=48,
               "trace": _trace_stats(traces[0]),
               "calibration": {"batches": list(CALIBRATION_BATCHES), "steps": len(rows),
                               "step_model": step_model.as_dict(), "step_model_after": after.as_dict(),
-                              "drift": drift,
-                              "decode_step_ms": {str(b): 1000 * step_model.seconds(b, b) for b in (1, 8, 32, 64)}},
+                              "drift": drift},
               "simulated": {"requests": requests, "seeds": seeds, "rates": rates, "rates_from": rates_from,
                             "baseline_s_per_token": simulated[keys[0]]["baseline_s_per_token"],
                             "threshold_s_per_token": simulated[keys[0]]["threshold_s_per_token"],

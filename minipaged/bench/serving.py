@@ -61,9 +61,14 @@ def make_trace(num_requests: int, scale: float, max_model_len: int, vocab_size: 
     for r in requests:
         prompt_len = max(1, round(r.prompt_len * scale))
         output_len = max(1, min(round(r.output_len * scale), max_model_len - prompt_len))
-        low = min(1000, vocab_size // 4)  # past the special tokens
-        trace.append(([rng.randrange(low, vocab_size) for _ in range(prompt_len)], output_len))
+        trace.append((random_prompt(rng, prompt_len, vocab_size), output_len))
     return trace
+
+
+def random_prompt(rng: random.Random, length: int, vocab_size: int) -> list[int]:
+    """``length`` random token ids, past the special tokens (ids below min(1000, vocab_size // 4))."""
+    low = min(1000, vocab_size // 4)
+    return [rng.randrange(low, vocab_size) for _ in range(length)]
 
 
 def run_engine(llm, trace, label: str, progress: bool = False) -> dict:

@@ -45,6 +45,8 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
+from minipaged.runner import SyntheticRunner
+
 # key -> (label, EngineArgs fields that differ from the engine's defaults)
 SYSTEMS = {
     "static": ("static batching + contiguous (max)", {"kv_policy": "contiguous", "scheduler": "static"}),
@@ -123,24 +125,18 @@ class StepTimeModel:
                 "median_error": self.median_error, "steps": self.steps}
 
 
-class _TimedRunner:
+class _TimedRunner(SyntheticRunner):
     """The SyntheticRunner, plus a clock it moves forward by each step's modelled time."""
 
     def __init__(self, step_model: StepTimeModel):
-        from minipaged.runner import SyntheticRunner
-
-        self._runner = SyntheticRunner()
+        super().__init__()
         self.step_model, self.now = step_model, 0.0
 
-    def __getattr__(self, name):
-        return getattr(self._runner, name)
-
     def execute(self, plan):
-        out = self._runner.execute(plan)
+        out = super().execute(plan)
         if plan.work:
-            seconds = self.step_model.seconds(plan.num_tokens, len(plan.work))
-            self.now += seconds
-            self._runner.last_forward_seconds = seconds
+            self.last_forward_seconds = self.step_model.seconds(plan.num_tokens, len(plan.work))
+            self.now += self.last_forward_seconds
         return out
 
 

@@ -29,7 +29,7 @@ The run has five parts, in this order:
    --requests requests at each of --rates-count rates, for each system, over --seeds seeds (a seed
    draws both the trace and the arrivals). The rates are spaced evenly on a log scale, from 2% to
    150% of the paged system's all-at-once request rate (simulated). On two cores a real sweep this
-   size would take hours; the simulator takes about 25 s per system, all seeds and rates together,
+   size would take hours; the simulator takes 25 to 45 s per system, all seeds and rates together,
    and its 48 rates are about 10% apart, so a knee is known to within 10%.
 3. The real servers. Each system runs as a real server process (``python -m minipaged serve``),
    loaded at two rates, 0.6 and 1.5 times its simulated knee, over --real-seeds seeds of

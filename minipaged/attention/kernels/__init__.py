@@ -40,7 +40,52 @@ _pick_cuda_target()
 
 
 def using_simulator() -> bool:
-    """True when numba runs kernels in its CUDA simulator (imports numba)."""
+    """True when numba runs kernels in its CUDA simulator (imports numba); then also makes sure the
+    simulator's shared arrays are safe to create from many threads at once (see below)."""
     from numba import config
 
-    return bool(config.ENABLE_CUDASIM)
+    if not config.ENABLE_CUDASIM:
+        return False
+    _one_shared_array_per_line()
+    return True
+
+
+def _one_shared_array_per_line() -> None:
+    """The simulator runs a block's threads as Python threads, and each thread's ``cuda.shared.array``
+    call looks the block's array up by the caller's file and line, creating it if it is missing. In
+    numba-cuda 0.30 that look-up and the creation are two steps with no lock between them: two threads
+    that arrive together can each create an array, and the block then holds two copies of what should
+    be one. A thread writes its part into one copy, another reads the other copy: uninitialized values
+    in the output, rarely, and more often on a busy machine. This replaces the method with one that
+    looks up and creates under a lock (tests/ch10_paged_attention_kernel/test_simulator.py starts 32
+    threads together and checks that they all get the same array)."""
+    import threading
+
+    import numpy as np
+    from numba.cuda.simulator.kernelapi import FakeCUDAShared
+
+    if getattr(FakeCUDAShared, "minipaged_locked", False):
+        return
+    unlocked = FakeCUDAShared.array
+    lock = threading.Lock()
+
+    def array(self, shape, dtype, alignment=None):
+        if shape == 0 or alignment is not None:
+            return unlocked(self, shape, dtype, alignment)  # dynamic shared memory: one buffer already
+        caller = sys._getframe(1)
+        key = (caller.f_code.co_filename, caller.f_lineno)
+        with lock:
+            found = self._allocations.get(key)
+            if found is None:
+                found = self._allocations[key] = np.empty(shape, _numpy_dtype(dtype))
+        return found
+
+    FakeCUDAShared.array = array
+    FakeCUDAShared.minipaged_locked = True
+
+
+def _numpy_dtype(dtype):
+    from numba.cuda import types
+    from numba.cuda.np import numpy_support
+
+    return numpy_support.as_dtype(dtype) if isinstance(dtype, types.Type) else dtype

@@ -32,18 +32,12 @@ import time
 import numpy as np
 import torch
 
-from minipaged.attention import kernels as _kernels  # noqa: F401  (picks the simulator without a GPU)
+from minipaged.attention.kernels import using_simulator  # importing it picks the simulator without a GPU
 
 PAGED_PARTITIONS = (1, 2, 4, 6, 8, 12, 16, 32)
 PAGED_THREADS = (128, 256)
 FLAT_BYTES = 2 * 2**30
 FLAT_WORDS = {2: "float16", 4: "int32", 8: "int64"}  # as in ceiling_kernels (which imports numba)
-
-
-def _sim() -> bool:
-    from numba import config
-
-    return bool(config.ENABLE_CUDASIM)
 
 
 # ---------------------------------------------------------------- launching on torch tensors
@@ -53,7 +47,7 @@ def _launch(kernel, grid, threads, *args):
     """Run a kernel on torch tensors: NumPy views under the simulator, device views on torch's stream."""
     from numba import cuda
 
-    if _sim():
+    if using_simulator():
         kernel[grid, threads](*[a.numpy() if isinstance(a, torch.Tensor) else a for a in args])
         return
     stream = cuda.external_stream(torch.cuda.current_stream().cuda_stream)
@@ -71,7 +65,7 @@ def flat_read_sum(values: torch.Tensor, word_bytes: int, blocks: int, threads: i
     partial = torch.empty(blocks * threads, dtype=torch.float32, device=values.device)
     from minipaged.attention.ceiling_kernels import make_flat_read
 
-    kernel = make_flat_read(word_bytes, _sim())
+    kernel = make_flat_read(word_bytes, using_simulator())
     return partial, lambda: _launch(kernel, blocks, threads, words, partial)
 
 

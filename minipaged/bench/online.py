@@ -304,8 +304,6 @@ def offline_run(llm, trace) -> dict:
             "requests_per_s": len(trace) / seconds, "texts": [o.outputs[0].text for o in outs]}
 
 
-
-
 def calibrate(llm, trace, batches=CALIBRATION_BATCHES, progress=False) -> tuple[StepTimeModel, list]:
     """Serve prompts alone (PREFILL_LENGTHS tokens, 1 and 4 at once), then ``trace``'s requests in
     groups of each size in ``batches``, all of a group at once, and fit the step-time model on every
@@ -729,8 +727,8 @@ def add_arguments(p):
     p.add_argument("--slo-normalized", type=float, default=0.25,
                    help="goodput's normalized-latency target, s/token (default: 0.25)")
     p.add_argument("--sustain-factor", type=float, default=2.0,
-                   help="a rate is held while the system's mean normalized latency <= this x its own at "
-                        "the lowest rate (default: 2)")
+                   help="a rate is held while every seed's mean normalized latency <= this x the unloaded "
+                        "latency (the lowest any system shows at the lowest rate), one bar for all (default: 2)")
     p.add_argument("--systems", default=",".join(SYSTEMS),
                    help=f"which systems, comma-separated among {', '.join(SYSTEMS)} (default: all)")
     p.add_argument("--skip-real", action="store_true", help="the simulated sweep only (no server is started)")

@@ -29,9 +29,9 @@ from matplotlib.patches import FancyArrowPatch, Rectangle
 from matplotlib.ticker import MaxNLocator
 
 from minipaged.kv import make_policy
-from minipaged.plots import plot_block_size_sweep, plot_memory_map, plot_waste_breakdown
-from minipaged.plots.memory_map import memory_map_image
-from minipaged.simulator import (
+from minipaged.lab.plots import plot_block_size_sweep, plot_memory_map, plot_waste_breakdown
+from minipaged.lab.plots.memory_map import memory_map_image
+from minipaged.lab.simulator import (
     Request,
     Timeline,
     compare_policies,
@@ -40,8 +40,8 @@ from minipaged.simulator import (
     simulate,
     sweep_block_size,
 )
-from minipaged.simulator.cli import DEFAULTS
-from minipaged.simulator.sim import TOKEN
+from minipaged.lab.simulator.cli import DEFAULTS
+from minipaged.lab.simulator.sim import TOKEN
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHAPTERS = {

@@ -6,7 +6,7 @@
                                                             (what docs/build.py does for the site)
 
 Every picture is drawn from the real engine's state or trace of a small, fixed run (no model but
-the tiny one, so the whole script takes seconds); the drawing code is in minipaged/plots/explain_*.py,
+the tiny one, so the whole script takes seconds); the drawing code is in minipaged/lab/plots/explain_*.py,
 and this script only picks the file names:
 
     06  scheduler_steps.png   six requests through chapter 06's scheduler (EngineCore + SyntheticRunner,
@@ -57,7 +57,7 @@ FIGURES = {  # chapter -> the PNG files this script writes there
 
 def draw(chapter: int, folder: str) -> list[str]:
     """Draw one chapter's figures into folder; returns the paths written."""
-    from minipaged.plots import explain_kernel, explain_prefix, explain_serving, explain_steps
+    from minipaged.lab.plots import explain_kernel, explain_prefix, explain_serving, explain_steps
 
     os.makedirs(folder, exist_ok=True)
     paths = [os.path.join(folder, name) for name in FIGURES[chapter]]

@@ -1,4 +1,4 @@
-"""The command line: `python -m minipaged {chat,generate,simulate,bench} ...`.
+"""The command line: `python -m minipaged {chat,generate,serve,bench,simulate} ...`.
 
     python -m minipaged chat "What is the capital of France?"
     python -m minipaged generate "Once upon a time" --max-tokens 32
@@ -7,7 +7,8 @@
     python -m minipaged simulate --workload sharegpt --policy all
     python -m minipaged serve smollm2-135m --port 8000      (an OpenAI-compatible server, chapter 11)
 
-Every option is explained by `--help` on each subcommand.
+Every option is explained by `--help` on each subcommand. ``bench`` and ``simulate`` belong to the
+lab (minipaged/lab/cli.py), which this module imports only when one of them is asked for.
 """
 
 from __future__ import annotations
@@ -15,6 +16,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+
+# Commands of the lab (minipaged/lab/): benchmarks and simulators, which measure the engine.
+LAB_COMMANDS = {"bench": "benchmarks, each printing ratios measured side by side in one run (minipaged/lab/bench/)",
+                "simulate": "compare KV policies on a synthetic trace, no model needed (minipaged/lab/simulator/)"}
 
 
 def _add_model_options(p):
@@ -127,70 +132,20 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_arguments(p)
     p.set_defaults(func=serve.main)
 
-    bench = sub.add_parser("bench", help="benchmarks (each prints ratios measured in one run)",
-                           description="Benchmarks. Each one measures its alternatives side by side.")
-    bench_sub = bench.add_subparsers(dest="bench", metavar="BENCHMARK")
-    from minipaged import records
-    from minipaged.attention import bench_kernels
-    from minipaged.bench import (
-        chunked,
-        decode,
-        kv_cache,
-        online,
-        prefix,
-        roofline,
-        serving,
-        sharing,
-        speculative,
-        throughput,
-    )
-
-    for name, module, chapter, text in [
-        ("cache", kv_cache, "00", "chapter 00: decode tokens/s with the KV cache vs full recomputation"),
-        ("roofline", roofline, "00", "chapter 00: FLOPs vs bytes of a decode step, against this CPU's peaks"),
-        ("decode", decode, "00", "chapter 00: the default engine's decode tokens/s at batch 1-64 under this CPU's two "
-                           "roofs (weight streaming, the step's matmuls), and against HF generate"),
-        ("sharing", sharing, "05", "chapter 05: KV memory with block sharing vs without, on the real model"),
-        ("serving", serving, "06", "chapter 06 (the default): static + contiguous vs continuous + paged vs HF "
-                             "generate, same KV memory; recompute vs swap"),
-        ("prefix", prefix, "07", "chapter 07: SmolLM2 with the prefix cache off and on: a shared system prompt, "
-                           "a conversation"),
-        ("chunked", chunked, "08", "chapter 08: SmolLM2 with whole and chunked prefills: inter-token latency, "
-                             "TTFT, throughput; what a step costs"),
-        ("speculative", speculative, "09", "chapter 09: SmolLM2 with and without prompt-lookup speculation: tokens "
-                                     "per forward pass, speedup, same outputs"),
-        ("throughput", throughput, "00", "the default engine LLM(model) against HF generate (padded batches of 8) on "
-                                   "two chat workloads: output tokens/s, same greedy outputs"),
-        ("online", online, "11", "chapter 11: Poisson load through the HTTP server: normalized latency against "
-                           "request rate for static, Orca and paged; TTFT, ITL, goodput; server overhead"),
-        ("kernel", bench_kernels, "10", "chapter 10: numba PagedAttention kernels vs reference vs SDPA "
-                                  "(needs a GPU; --roofline works without)"),
-    ]:
-        b = bench_sub.add_parser(name, help=text, description=module.__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-        module.add_arguments(b)
-        records.add_argument(b, serving.record_default if module is serving else f"{chapter}/bench_{name}")
-        b.set_defaults(func=module.main)
-    serving.add_arguments(bench)  # `python -m minipaged bench` alone runs the serving benchmark
-    records.add_argument(bench, serving.record_default)
-    bench.set_defaults(func=serving.main)
-
-    try:
-        from minipaged.simulator import cli as simulator_cli
-    except ImportError:
-        simulator_cli = None
-    if simulator_cli is not None and hasattr(simulator_cli, "register"):
-        simulator_cli.register(sub)
+    for name, text in LAB_COMMANDS.items():  # the lab's commands, parsed by the lab (minipaged/lab/cli.py)
+        sub.add_parser(name, help=text, add_help=False)
     return parser
 
 
 def main(argv=None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    from minipaged import records
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in LAB_COMMANDS:  # the instruments live in the lab, imported only for them
+        from minipaged.lab.cli import main as lab_main
 
+        return lab_main(argv)
+    args = build_parser().parse_args(argv)
     try:
-        return records.call(args, sys.argv[1:] if argv is None else list(argv))
+        return args.func(args) or 0
     except ValueError as e:  # bad input: say what is wrong, without a traceback
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -85,8 +85,8 @@ def main(argv=None) -> int:
 
     from tqdm import tqdm
 
-    from minipaged.bench.decode import make_prompts
-    from minipaged.bench.noise import describe_probe, gemm_probe, probe_pair
+    from minipaged.lab.bench.decode import make_prompts
+    from minipaged.lab.bench.noise import describe_probe, gemm_probe, probe_pair
     from minipaged.model import kernels, load_model
 
     if kernels.ops() is None:

@@ -29,7 +29,7 @@ from ab_decode import commit_trees  # scripts/ is first on the path when a scrip
 ROUND = """
 import json, sys
 from minipaged import LLM
-from minipaged.bench.throughput import chat_prompts, run_minipaged
+from minipaged.lab.bench.throughput import chat_prompts, run_minipaged
 
 llm = LLM("smollm2-135m", progress=False)
 out = {}

@@ -16,7 +16,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from minipaged.bench.roofline import best_time
+from minipaged.lab.bench.roofline import best_time
 
 SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)]
 

@@ -5,7 +5,7 @@
 #
 # In order of importance, so that a run cut short still leaves the headline results:
 #   env         the machine and the code: versions, nvidia-smi, the commit (COMMIT=..., else git's) and a
-#               hash of minipaged/'s sources (`python -m minipaged.attention.gpu_inputs hash --commit C`
+#               hash of minipaged/'s sources (`python -m minipaged.lab.kernels.gpu_inputs hash --commit C`
 #               recomputes it where git is)
 #   bench_quick the benchmark's short grid, including the target shape (SmolLM2, batch 64, ctx 2048)
 #   check       every kernel against the reference on the GPU (bench_kernels --check, no pytest needed)
@@ -16,11 +16,11 @@
 #   ptx         the kernels compiled for this GPU's compute capability
 #   pytest      tests/ch10_paged_attention_kernel on the GPU (if pytest is installed)
 #   bench       the full benchmark grid (its JSON is rewritten after each shape, so a cut run keeps rows)
-#   assemble    the record, gpu_check.json, from all of the above (python -m minipaged.attention.gpu_record)
+#   assemble    the record, gpu_check.json, from all of the above (python -m minipaged.lab.kernels.gpu_record)
 # The run stays within BUDGET_S seconds (default 480); a step that would start too late is skipped and
 # says so. It leaves at most 5 files in $OUT: summary.txt (one line a step), gpu_check.log (every step's
 # output), gpu_check.json (the record), ncu.txt (the profile) and raw.tar.gz (each step's JSON:
-# `python -m minipaged.attention.gpu_record assemble OUT` reads it again).
+# `python -m minipaged.lab.kernels.gpu_record assemble OUT` reads it again).
 #
 # The image's numba-cuda expects numpy.row_stack, which its numpy no longer has: scripts/gpu_shim goes
 # first on PYTHONPATH, and its sitecustomize.py puts the function back.
@@ -60,17 +60,17 @@ step() {
 }
 
 say "gpu_check $(date -u +%FT%TZ), budget ${BUDGET_S}s, python $PY, commit ${COMMIT:-from git}"
-step env 60 5 bash -c "nvidia-smi; \"$PY\" -m minipaged.attention.gpu_inputs env ${COMMIT:+--commit $COMMIT} \
+step env 60 5 bash -c "nvidia-smi; \"$PY\" -m minipaged.lab.kernels.gpu_inputs env ${COMMIT:+--commit $COMMIT} \
     --out \"$RAW/env.json\" && \"$PY\" -c 'import numba.cuda as c; c.detect()'"
-step bench_quick 150 60 "$PY" -m minipaged.attention.bench_kernels --quick --json --out "$RAW/bench_quick.json"
-step check 120 40 "$PY" -m minipaged.attention.bench_kernels --check --out "$RAW/check.json"
-step ceilings 120 40 "$PY" -m minipaged.attention.ceilings --out "$RAW/ceilings.json" --budget-s 80
+step bench_quick 150 60 "$PY" -m minipaged.lab.bench.kernels --quick --json --out "$RAW/bench_quick.json"
+step check 120 40 "$PY" -m minipaged.lab.bench.kernels --check --out "$RAW/check.json"
+step ceilings 120 40 "$PY" -m minipaged.lab.kernels.ceilings --out "$RAW/ceilings.json" --budget-s 80
 step e2e 90 40 "$PY" scripts/gpu_e2e.py --out "$RAW/e2e.json"
 if command -v ncu >/dev/null; then
     # the kernels inside profile_target's NVTX range; if that range is not seen, the kernels by name
     SECTIONS="--section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
         --section WarpStateStats --section SchedulerStats --clock-control none --launch-count 12"
-    PROFILE="\"$PY\" -m minipaged.attention.profile_target --bench \"$RAW/bench_quick.json\""
+    PROFILE="\"$PY\" -m minipaged.lab.kernels.profile_target --bench \"$RAW/bench_quick.json\""
     step ncu 150 60 bash -c "ncu --nvtx --nvtx-include 'profile/' $SECTIONS $PROFILE > \"$OUT/ncu.txt\"; \
         grep -q 'Section:' \"$OUT/ncu.txt\" || ncu --kernel-name regex:'paged|merge|attention' $SECTIONS \
         $PROFILE > \"$OUT/ncu.txt\""
@@ -78,16 +78,16 @@ else
     say "SKIP ncu: Nsight Compute (ncu) is not installed here"
 fi
 CC=$("$PY" -c 'import torch; print("%d.%d" % torch.cuda.get_device_capability())' 2>/dev/null || echo 9.0)
-step ptx 60 20 "$PY" -m minipaged.attention.kernels.ptx --cc "$CC" --json
+step ptx 60 20 "$PY" -m minipaged.lab.kernels.ptx --cc "$CC" --json
 if "$PY" -c 'import pytest' 2>/dev/null; then
     step pytest 180 60 "$PY" -m pytest tests/ch10_paged_attention_kernel -ra -q -p no:cacheprovider
 else
     say "SKIP pytest: not installed here (the check step ran the same GPU comparisons)"
 fi
-step bench 300 60 "$PY" -m minipaged.attention.bench_kernels --out "$RAW/bench.json"
+step bench 300 60 "$PY" -m minipaged.lab.bench.kernels --out "$RAW/bench.json"
 
 # the record, whatever the budget says: it is what the run is for
-BUDGET_S=$(( $(date +%s) - START + 60 )) step assemble 60 0 "$PY" -m minipaged.attention.gpu_record assemble \
+BUDGET_S=$(( $(date +%s) - START + 60 )) step assemble 60 0 "$PY" -m minipaged.lab.kernels.gpu_record assemble \
     "$OUT" --out "$OUT/gpu_check.json" ${COMMIT:+--commit "$COMMIT"}
 tar czf "$OUT/raw.tar.gz" -C "$OUT" raw && rm -rf "$RAW"
 

@@ -21,7 +21,7 @@ import argparse
 import torch
 import torch.nn.functional as F
 
-from minipaged.bench.roofline import best_time
+from minipaged.lab.bench.roofline import best_time
 from minipaged.model import kernels
 from minipaged.model.llama import Linear
 

@@ -1,4 +1,4 @@
-"""The worked answers' computed figures (minipaged/answers.py) against the chapters that quote them.
+"""The worked answers' computed figures (minipaged/lab/answers.py) against the chapters that quote them.
 
 Every ``<!-- calc: NN/NAME PATH SPEC -->`` marker is run again here, and the number before it must be
 what the computation gives now; every computation must be quoted somewhere.
@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from minipaged import answers, records
+from minipaged.lab import answers, capture, records
 from minipaged.scheduler.continuous import ContinuousScheduler
 
 
@@ -24,10 +24,10 @@ def test_every_computed_figure_is_what_its_computation_gives_now():
         seen += 1
         value = records.lookup({"results": answers.compute(m["name"])}, m["path"])
         if m["value"] != records.fmt(value, m["spec"]):
-            stale.append(f"{where}: {m['value']} but `python -m minipaged.answers {m['name']}` gives "
+            stale.append(f"{where}: {m['value']} but `python -m minipaged.lab.answers {m['name']}` gives "
                          f"{records.fmt(value, m['spec'])} at {m['path']}")
     assert seen >= 50, f"only {seen} computed figures found"
-    assert not stale, "run `python -m minipaged.records render` and review the diff:\n" + "\n".join(stale)
+    assert not stale, "run `python -m minipaged.lab.records render` and review the diff:\n" + "\n".join(stale)
 
 
 def test_every_computation_is_quoted_by_a_chapter():
@@ -50,7 +50,7 @@ def test_a_calc_marker_is_rewritten_from_its_computation(monkeypatch):
     assert out.text == ("util 98.5%<!-- calc: 99/made_up a.b .1% --> over 12,688<!-- calc: 99/made_up n.0 ,d --> "
                         "steps") and out.calcs == {"99/made_up"}
     assert records.render_text(out.text, None).text == out.text
-    with pytest.raises(ValueError, match="'a.c' is not in the results of `python -m minipaged.answers 99/made_up`"):
+    with pytest.raises(ValueError, match="'a.c' is not in the results of `python -m minipaged.lab.answers 99/made_up`"):
         records.render_text("1<!-- calc: 99/made_up a.c d -->", None)
 
 
@@ -100,7 +100,7 @@ def test_the_largest_victim_delays_every_one_of_the_longest_requests():
 
 
 def test_a_changed_scheduler_runs_the_same_trace_as_the_record_it_is_compared_with():
-    row = records.lookup(records.load(None, "08/simulate_chunked"), "rows.4")
+    row = records.lookup(capture.load(None, "08/simulate_chunked"), "rows.4")
     assert row["budget"] == 256
     unchanged = answers.compute("08/two_partials")["unchanged_256"]
     assert unchanged == {"ttft_short_p50": row["ttft_short_p50"], "ttft_long_p50": row["ttft_long_p50"]}

@@ -6,8 +6,8 @@ that file as consecutive lines. A line "..." in a quote stands for lines left ou
 the pieces between must each match consecutive lines, in order. A header that says "trimmed" or "left
 out" quotes with lines left out anywhere: each quoted line must still appear in the file, in order.
 Runs of spaces (comment alignment) do not count, nor do the graded exercises' region markers
-(``# exercise NN.K: begin`` / ``end``, minipaged/exercises/regions.py). The matching lives in
-minipaged/exercises/answers.py, which a student copy also uses to leave out the quotes of the code a
+(``# exercise NN.K: begin`` / ``end``, minipaged/lab/exercises/regions.py). The matching lives in
+minipaged/lab/exercises/answers.py, which a student copy also uses to leave out the quotes of the code a
 student writes.
 """
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from minipaged.exercises.answers import quote_mismatch, quoted_blocks
+from minipaged.lab.exercises.answers import quote_mismatch, quoted_blocks
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -1,4 +1,4 @@
-"""The graded exercises (minipaged/exercises/): the catalog agrees with the source and the text, the
+"""The graded exercises (minipaged/lab/exercises/): the catalog agrees with the source and the text, the
 commands work, and (slow) every exercise has teeth: its tests fail while its region is a stub and pass
 with the reference code."""
 
@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from minipaged.exercises.__main__ import main as exercises_main
-from minipaged.exercises.answers import quote_mismatch, quoted_blocks, solution_lines, squeeze, text_files
-from minipaged.exercises.catalog import Exercise, all_exercises
-from minipaged.exercises.grader import run_tests, student_copy
-from minipaged.exercises.regions import find_regions, is_stub, stub_file
-from minipaged.exercises.render import stale_files
+from minipaged.lab.exercises.__main__ import main as exercises_main
+from minipaged.lab.exercises.answers import quote_mismatch, quoted_blocks, solution_lines, squeeze, text_files
+from minipaged.lab.exercises.catalog import Exercise, all_exercises
+from minipaged.lab.exercises.grader import run_tests, student_copy
+from minipaged.lab.exercises.regions import find_regions, is_stub, stub_file
+from minipaged.lab.exercises.render import stale_files
 
 ROOT = Path(__file__).resolve().parents[1]
 EXERCISES = all_exercises()
@@ -74,7 +74,7 @@ def test_every_named_test_exists():
 
 
 def test_the_chapters_and_the_instructor_page_list_the_catalog():
-    assert stale_files(ROOT, EXERCISES) == [], "run `python -m minipaged.exercises render`"
+    assert stale_files(ROOT, EXERCISES) == [], "run `python -m minipaged.lab.exercises render`"
 
 
 def test_list_as_json(capsys):
@@ -188,7 +188,7 @@ def test_a_copy_with_every_exercise_stubbed_imports_and_collects(tmp_path):
     env = {**os.environ, **CHILD_ENV, "PYTHONPATH": str(copy)}
     # the compile-time modules need the real numba.cuda, chosen when numba is first imported: each gets
     # a process of its own; every other module is imported in one walk
-    fresh = ("minipaged.attention.kernels.ptx",)
+    fresh = ("minipaged.lab.kernels.ptx",)
     walk = (f"import importlib, pkgutil, minipaged; assert minipaged.__file__.startswith({str(copy)!r}); "
             "[importlib.import_module(m.name) for m in pkgutil.walk_packages(minipaged.__path__, 'minipaged.') "
             f"if '__main__' not in m.name and m.name not in {fresh!r}]")

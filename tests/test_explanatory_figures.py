@@ -1,4 +1,4 @@
-"""The explanatory figures of chapters 06-11 (docs/figures_06_11.py, minipaged/plots/explain_*.py):
+"""The explanatory figures of chapters 06-11 (docs/figures_06_11.py, minipaged/lab/plots/explain_*.py):
 each is drawn, and what it draws agrees with the engine's own books."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from minipaged.plots import explain_kernel, explain_prefix, explain_serving, explain_steps
+from minipaged.lab.plots import explain_kernel, explain_prefix, explain_serving, explain_steps
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -1,4 +1,4 @@
-"""The chapters' measured figures against their results records (minipaged/records.py).
+"""The chapters' measured figures against their results records (minipaged/lab/records.py).
 
 Every table a chapter shows between record markers must be what its record renders, every figure
 marked in a sentence must equal the record's value, and in the chapters listed in RECORDED every
@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from minipaged import records
+from minipaged.lab import capture, records
 
 # Chapters whose measured sections are wholly rendered from records.
 RECORDED = ["00_the-kv-cache", "01_contiguous-cache", "02_fixed-blocks", "03_block-table", "04_on-demand-allocation",
@@ -29,7 +29,7 @@ def test_every_chapter_and_page_is_what_its_records_render():
         text = text_file.read_text()
         if records.render_text(text, chapter, calcs=False).text != text:
             stale.append(text_file.relative_to(records.ROOT).as_posix())
-    assert not stale, f"run `python -m minipaged.records render` and review the diff: {stale}"
+    assert not stale, f"run `python -m minipaged.lab.records render` and review the diff: {stale}"
 
 
 def test_the_paper_page_renders_every_result_from_records():
@@ -97,7 +97,7 @@ def test_every_measured_figure_has_a_record(name):
 
 
 # Chapters whose worked answers (under "Open questions") are wholly rendered from records and from the
-# computations of minipaged/answers.py.
+# computations of minipaged/lab/answers.py.
 ANSWERED = ["06_continuous-batching", "07_prefix-caching", "08_chunked-prefill", "09_speculative-decoding",
             "10_paged-attention-kernel", "11_serving"]
 
@@ -118,7 +118,7 @@ def test_every_figure_in_a_worked_answer_has_a_record_or_a_computation(name):
     loose = {i + 1: found for i, body in enumerate(answers) if (found := _unrecorded_numbers(body))}
     assert not loose, (f"{name}: these figures in the worked answers (by question) come from nowhere; mark each "
                        f"with <!-- fig: NAME PATH SPEC --> or <!-- calc: NN/NAME PATH SPEC --> "
-                       f"(minipaged/answers.py), or write an input as code: {loose}")
+                       f"(minipaged/lab/answers.py), or write an input as code: {loose}")
 
 
 def test_the_answer_scan_finds_loose_figures_and_skips_marked_ones():
@@ -199,8 +199,8 @@ def test_figures_without_a_record_are_found():
 
 
 def test_record_writes_command_commit_machine_output_and_results(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(records, "chapter_dir", lambda number: tmp_path / number)
-    from minipaged.simulator import cli
+    monkeypatch.setattr(capture, "chapter_dir", lambda number: tmp_path / number)
+    from minipaged.lab.simulator import cli
 
     argv = ["--policy", "contiguous", "--reservation", "max", "--num-requests", "20", "--capacity", "4096",
             "--record", "07/mine"]
@@ -215,16 +215,16 @@ def test_record_writes_command_commit_machine_output_and_results(tmp_path, monke
 
 
 def test_a_bare_record_goes_to_the_chapter_of_the_mode():
-    from minipaged.simulator import cli
+    from minipaged.lab.simulator import cli
 
     parse = cli.build_parser().parse_args
     assert cli.record_default(parse(["--policy", "contiguous"])) == "01/simulate"
     assert cli.record_default(parse(["--policy", "contiguous", "block_table"])) == "03/simulate"
     assert cli.record_default(parse([])) == "04/simulate"
     assert cli.record_default(parse(["--prefix"])) == "07/simulate_prefix"
-    assert records.record_path("x", "6").parent.parent.name == "06_continuous-batching"
+    assert capture.record_path("x", "6").parent.parent.name == "06_continuous-batching"
     with pytest.raises(ValueError, match="no chapter"):
-        records.record_path("x", "42")
+        capture.record_path("x", "42")
 
 
 def test_measure_reruns_each_record_under_its_own_name(capsys, monkeypatch):

@@ -6,9 +6,9 @@ import json
 import pytest
 import torch
 
-from minipaged.bench import decode
-from minipaged.bench.noise import WARNING, describe_probe
 from minipaged.cli import main
+from minipaged.lab.bench import decode
+from minipaged.lab.bench.noise import WARNING, describe_probe
 from minipaged.model.config import TINY
 from minipaged.model.llama import random_model
 

@@ -4,9 +4,9 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from minipaged.kv.per_request import BatchOfCaches, PerRequestKVCache
+from minipaged.lab.roofline import decode_step_cost, kv_bytes_per_token, tokens_that_fit, weight_bytes
 from minipaged.model import load_model
 from minipaged.model.config import LLAMA_8B, SMOLLM2_135M, TINY
-from minipaged.roofline import decode_step_cost, kv_bytes_per_token, tokens_that_fit, weight_bytes
 
 
 def test_bytes_per_token():

@@ -183,7 +183,7 @@ def test_bookkeeping_imports_neither_torch_nor_matplotlib():
     import subprocess
     import sys
 
-    code = ("import sys, minipaged.kv, minipaged.simulator, minipaged.plots; "
+    code = ("import sys, minipaged.kv, minipaged.lab.simulator, minipaged.lab.plots; "
             "print(sorted(m for m in ('torch', 'matplotlib', 'numpy') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

@@ -6,8 +6,8 @@ import math
 import pytest
 
 from minipaged.kv import make_policy
-from minipaged.simulator import compare_policies, describe, make_workload, simulate
-from minipaged.simulator.cli import DEFAULTS, main
+from minipaged.lab.simulator import compare_policies, describe, make_workload, simulate
+from minipaged.lab.simulator.cli import DEFAULTS, main
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from minipaged.kv import BlockPool, BlockTablePolicy, NoFreeMemory, ReservationExceeded, make_policy
-from minipaged.simulator import make_workload, simulate
+from minipaged.lab.simulator import make_workload, simulate
 
 
 def policy(num_blocks=8, block_size=4, reservation="oracle", max_model_len=32):

@@ -3,11 +3,11 @@
 import pytest
 
 from minipaged.kv import make_policy
-from minipaged.simulator import compare_policies, make_workload, simulate, sweep_block_size
+from minipaged.lab.simulator import compare_policies, make_workload, simulate, sweep_block_size
 
 pytest.importorskip("matplotlib")
 
-from minipaged.plots import plot_block_size_sweep, plot_memory_map, plot_waste_breakdown  # noqa: E402
+from minipaged.lab.plots import plot_block_size_sweep, plot_memory_map, plot_waste_breakdown  # noqa: E402
 
 
 @pytest.fixture(scope="module")

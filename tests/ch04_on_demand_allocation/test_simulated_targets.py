@@ -3,8 +3,8 @@
 import pytest
 
 from minipaged.kv import make_policy
-from minipaged.simulator import make_workload, simulate, sweep_block_size
-from minipaged.simulator.cli import DEFAULTS
+from minipaged.lab.simulator import make_workload, simulate, sweep_block_size
+from minipaged.lab.simulator.cli import DEFAULTS
 
 
 @pytest.fixture(scope="module")

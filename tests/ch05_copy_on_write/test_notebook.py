@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from minipaged.kv import NoFreeMemory, SharedPolicy
-from minipaged.simulator import make_workload
-from minipaged.simulator.sharing_report import DEFAULT_REQUESTS
+from minipaged.lab.simulator import make_workload
+from minipaged.lab.simulator.sharing_report import DEFAULT_REQUESTS
 
 NOTEBOOK = Path(__file__).resolve().parents[2] / "notebooks" / "05_copy-on-write.ipynb"
 PLOTS = ("plot_block_sharing", "plot_refcount_map", "plot_memory_saved")

@@ -5,9 +5,9 @@ import json
 import pytest
 
 from minipaged.kv import SharedPolicy, make_policy
-from minipaged.simulator import Request, make_workload, simulate
-from minipaged.simulator.cli import main
-from minipaged.simulator.sharing import PAPER_SAVED, simulate_beam, simulate_parallel, simulate_sharing
+from minipaged.lab.simulator import Request, make_workload, simulate
+from minipaged.lab.simulator.cli import main
+from minipaged.lab.simulator.sharing import PAPER_SAVED, simulate_beam, simulate_parallel, simulate_sharing
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +85,7 @@ def test_the_sharing_command(capsys, tmp_path):
 
 def test_figures(tmp_path):
     pytest.importorskip("matplotlib")
-    from minipaged.plots import plot_block_sharing, plot_blocks_over_time, plot_memory_saved
+    from minipaged.lab.plots import plot_block_sharing, plot_blocks_over_time, plot_memory_saved
 
     p = SharedPolicy(32, block_size=4, max_model_len=16, watermark=0)
     p.allocate("A", 6, 4)

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from minipaged.bench import serving
+from minipaged.lab.bench import serving
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +61,7 @@ def test_the_table_and_json_print(result, capsys):
 
 
 def test_the_timeline_plot(result, tmp_path):
-    from minipaged.plots import plot_serving_timeline
+    from minipaged.lab.plots import plot_serving_timeline
 
     path = tmp_path / "timeline.png"
     plot_serving_timeline({s["system"]: s["timeline"] for s in result["systems"]}, 1024, path=str(path))
@@ -71,7 +71,7 @@ def test_the_timeline_plot(result, tmp_path):
 def test_hf_padded_batches_count_the_padding_they_decode():
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    from minipaged.bench.hf_baseline import run_padded
+    from minipaged.lab.bench.hf_baseline import run_padded
 
     config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                       num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64)
@@ -86,7 +86,7 @@ def test_hf_padded_batches_count_the_padding_they_decode():
 def test_simulate_serving_separates_scheduling_from_paging(capsys):
     """`simulate --serving`: at one capacity, iteration-level scheduling alone (Orca) needs fewer forward
     passes than static batching, tighter reservations fewer again, and paging the fewest."""
-    from minipaged.simulator import cli
+    from minipaged.lab.simulator import cli
 
     assert cli.main(["--serving", "--num-requests", "40", "--capacity", "4096", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)["systems"]
@@ -100,10 +100,10 @@ def test_simulate_serving_separates_scheduling_from_paging(capsys):
 def test_the_capacity_sweep_runs_every_system_at_each_capacity(tmp_path, capsys, monkeypatch):
     """`bench serving --capacities` reruns the engine's systems at each KV capacity, records to its own
     name, and draws capacity_sweep.png; a capacity below max_model_len is refused before any work."""
-    from minipaged import records
     from minipaged.cli import main
+    from minipaged.lab import capture
 
-    monkeypatch.setattr(records, "chapter_dir", lambda number: tmp_path / number)
+    monkeypatch.setattr(capture, "chapter_dir", lambda number: tmp_path / number)
     base = ["bench", "serving", "--model", "tiny", "--requests", "8", "--scale", "0.5", "--max-model-len", "128",
             "--max-num-seqs", "4", "--orca", "oracle"]
     assert main(base + ["--capacities", "256,1024", "--plot-dir", str(tmp_path), "--record"]) == 0

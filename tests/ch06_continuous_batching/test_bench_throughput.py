@@ -2,7 +2,7 @@
 
 import pytest
 
-from minipaged.bench import throughput
+from minipaged.lab.bench import throughput
 
 
 @pytest.mark.slow

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from minipaged.kv import make_policy
-from minipaged.simulator.serving import simulate_serving
-from minipaged.simulator.workloads import Request
+from minipaged.lab.simulator.serving import simulate_serving
+from minipaged.lab.simulator.workloads import Request
 
 NOTEBOOK = Path(__file__).resolve().parents[2] / "notebooks" / "06_continuous-batching.ipynb"
 

@@ -8,12 +8,12 @@ import pytest
 
 from minipaged.kv import make_policy
 from minipaged.kv.swap import SwapSpace
+from minipaged.lab.simulator.serving import simulate_serving
+from minipaged.lab.simulator.workloads import Request, make_workload
 from minipaged.sampling_params import SamplingParams
 from minipaged.scheduler import ContinuousScheduler, StaticScheduler, make_scheduler
 from minipaged.scheduler import Request as EngineRequest
 from minipaged.sequence import Sequence
-from minipaged.simulator.serving import simulate_serving
-from minipaged.simulator.workloads import Request, make_workload
 
 
 class NoText:

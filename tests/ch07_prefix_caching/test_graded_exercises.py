@@ -1,4 +1,4 @@
-"""Chapter 07, focused tests for the graded exercises (python -m minipaged.exercises list --chapter 07):
+"""Chapter 07, focused tests for the graded exercises (python -m minipaged.lab.exercises list --chapter 07):
 the block keys, the LRU list of cached blocks nobody holds (release puts a block there, take evicts
 from it), and the lookup of a prompt's cached prefix. No model: the pool and the policy alone."""
 

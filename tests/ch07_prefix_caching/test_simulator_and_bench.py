@@ -5,12 +5,12 @@ import json
 
 import pytest
 
-from minipaged.bench import prefix as bench
 from minipaged.cli import main
 from minipaged.kv import make_policy
-from minipaged.simulator.prefix import ideal_hit_rate, make_prefix_workload, simulate_prefix_caching
-from minipaged.simulator.serving import simulate_serving
-from minipaged.simulator.workloads import Request
+from minipaged.lab.bench import prefix as bench
+from minipaged.lab.simulator.prefix import ideal_hit_rate, make_prefix_workload, simulate_prefix_caching
+from minipaged.lab.simulator.serving import simulate_serving
+from minipaged.lab.simulator.workloads import Request
 
 TRACE = make_prefix_workload(60, num_prefixes=3, prefix_len=64, suffix_len=(2, 10), output_len=(4, 12), seed=1)
 

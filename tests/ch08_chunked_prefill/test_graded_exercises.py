@@ -1,4 +1,4 @@
-"""Chapter 08, focused tests for the graded exercises (python -m minipaged.exercises list --chapter 08):
+"""Chapter 08, focused tests for the graded exercises (python -m minipaged.lab.exercises list --chapter 08):
 the chunk planner and the chunked scheduler's pass over the running requests, step by step against
 plans worked out by hand. No model: the scheduler and a KV policy alone."""
 

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from minipaged.simulator.workloads import Request
+from minipaged.lab.simulator.workloads import Request
 
 NOTEBOOK = Path(__file__).resolve().parents[2] / "notebooks" / "08_chunked-prefill.ipynb"
 

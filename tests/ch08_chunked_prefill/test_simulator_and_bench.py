@@ -6,12 +6,12 @@ import math
 
 import pytest
 
-from minipaged.bench import chunked as bench
 from minipaged.cli import main
 from minipaged.kv import make_policy
-from minipaged.simulator.chunked import costs, make_chunked_workload, simulate_chunked
-from minipaged.simulator.serving import simulate_serving
-from minipaged.simulator.workloads import Request
+from minipaged.lab.bench import chunked as bench
+from minipaged.lab.simulator.chunked import costs, make_chunked_workload, simulate_chunked
+from minipaged.lab.simulator.serving import simulate_serving
+from minipaged.lab.simulator.workloads import Request
 
 TRACE = make_chunked_workload(24, long_every=4, long_len=(300, 400), short_len=(4, 24), output_len=(8, 24), seed=3)
 OVERHEAD = 10

@@ -2,7 +2,7 @@
 
 import pytest
 
-from minipaged.bench import speculative as bench
+from minipaged.lab.bench import speculative as bench
 
 
 def test_bench_speculative_on_the_tiny_model(tmp_path):

@@ -34,6 +34,6 @@ def numba_cuda():
 def compare(numba_cuda):
     """compare(batch, **kernel_options): the numba backend against the reference on one batch (a dict
     from random_paged_batch); asserts agreement within check_kernels.TOLERANCES, returns the max error."""
-    from minipaged.attention.check_kernels import check_against_reference
+    from minipaged.lab.kernels.check import check_against_reference
 
     return check_against_reference

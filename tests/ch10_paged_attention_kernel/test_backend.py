@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from minipaged.attention import available_backends, paged_attention
-from minipaged.attention.check_kernels import random_paged_batch
 from minipaged.attention.kernels.config import KernelConfig, partition_tokens_for
+from minipaged.lab.kernels.check import random_paged_batch
 
 
 def args_of(b):

@@ -5,8 +5,8 @@ import json
 import pytest
 import torch
 
-from minipaged.attention import bench_kernels as bk
-from minipaged.attention import check_kernels as ck
+from minipaged.lab.bench import kernels as bk
+from minipaged.lab.kernels import check as ck
 from minipaged.model.config import SMOLLM2_135M
 
 

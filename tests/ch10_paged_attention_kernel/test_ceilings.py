@@ -16,7 +16,7 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the simulator where t
 
 @pytest.mark.parametrize("word_bytes", [2, 4, 8])
 def test_a_flat_read_sums_the_fp16_values_whatever_the_word_width(numba_cuda, word_bytes):
-    from minipaged.attention.ceilings import flat_read_sum
+    from minipaged.lab.kernels.ceilings import flat_read_sum
 
     values = (torch.randn(1000, generator=torch.Generator().manual_seed(word_bytes)) * 4).half().to(DEVICE)
     partial, call = flat_read_sum(values, word_bytes, blocks=3, threads=32)
@@ -39,7 +39,7 @@ def _paged(seed=0, lens=(5, 17, 33, 0), block_size=4, kv_heads=2, head_dim=8, dt
 
 @pytest.mark.parametrize("partitions, threads", [(1, 32), (3, 32), (8, 16)])
 def test_a_paged_read_reads_every_visible_row_once_through_the_table(numba_cuda, partitions, threads):
-    from minipaged.attention.ceilings import paged_read_call, paged_reference_checksum, xor_all
+    from minipaged.lab.kernels.ceilings import paged_read_call, paged_reference_checksum, xor_all
 
     k, v, table, lens = _paged()
     out, call = paged_read_call(k, v, table, lens, partitions, threads)
@@ -52,7 +52,7 @@ def test_a_paged_read_reads_every_visible_row_once_through_the_table(numba_cuda,
 
 
 def test_a_paged_read_refuses_rows_that_are_not_whole_words(numba_cuda):
-    from minipaged.attention.ceilings import paged_read_call
+    from minipaged.lab.kernels.ceilings import paged_read_call
 
     k, v, table, lens = _paged(head_dim=6)
     with pytest.raises(ValueError, match="8-byte words"):
@@ -62,7 +62,7 @@ def test_a_paged_read_refuses_rows_that_are_not_whole_words(numba_cuda):
 def test_the_ceiling_kernels_compile_for_sm90_with_the_widths_they_are_named_for():
     pytest.importorskip("numba", reason="numba is not installed: pip install numba numba-cuda[cu13]")
     env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "0", "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, "-m", "minipaged.attention.ceilings", "--ptx", "--cc", "9.0"], cwd=ROOT,
+    proc = subprocess.run([sys.executable, "-m", "minipaged.lab.kernels.ceilings", "--ptx", "--cc", "9.0"], cwd=ROOT,
                           env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(proc.stdout)
@@ -74,8 +74,8 @@ def test_the_ceiling_kernels_compile_for_sm90_with_the_widths_they_are_named_for
 
 def test_the_paged_ceiling_keeps_the_fastest_checked_configuration(numba_cuda):
     """What gpu_check's ceilings step does at each shape, on a tiny one, timed by the wall clock."""
-    from minipaged.attention.bench_kernels import WallTimer
-    from minipaged.attention.ceilings import measure_paged
+    from minipaged.lab.bench.kernels import WallTimer
+    from minipaged.lab.kernels.ceilings import measure_paged
     from minipaged.model.config import TINY
 
     row = measure_paged(TINY, "tiny", 2, 40, WallTimer(DEVICE), peak_gbps=1.0, iters=1, threads_tried=(32,),
@@ -86,7 +86,7 @@ def test_the_paged_ceiling_keeps_the_fastest_checked_configuration(numba_cuda):
 
 
 def test_the_profiler_runs_the_kernels_the_benchmark_timed():
-    from minipaged.attention.profile_target import kernels_from_bench
+    from minipaged.lab.kernels.profile_target import kernels_from_bench
 
     row = {"shape": "smollm2", "batch": 64, "context": 2048, "v2_partitions": 6,
            "us": {"numba": 1.0, "numba_v1": 1.0, "numba_v2": 1.0, "numba_v3": 1.0, "sdpa": 1.0, "reference": 1.0}}

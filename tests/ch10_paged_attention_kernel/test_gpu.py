@@ -6,7 +6,7 @@ Skipped (with the reason shown by -ra) where torch sees no GPU. scripts/gpu_chec
 import pytest
 import torch
 
-from minipaged.attention.check_kernels import device_check_cases, random_paged_batch
+from minipaged.lab.kernels.check import device_check_cases, random_paged_batch
 
 pytestmark = [
     pytest.mark.gpu,

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from minipaged import records
-from minipaged.attention import gpu_inputs, gpu_record
+from minipaged.lab import records
+from minipaged.lab.kernels import gpu_inputs, gpu_record
 
 ROOT = Path(__file__).resolve().parents[2]
 KERNELS = {"numba": 250.0, "numba_v1": 700.0, "numba_v2": 250.0, "numba_v3": 60.0, "sdpa": 40.0, "reference": 20000.0}
@@ -130,7 +130,7 @@ def test_the_plot_is_drawn_from_the_record(tmp_path):
     pytest.importorskip("matplotlib")
     record = gpu_record.assemble(make_run(tmp_path / "run"))
     path = tmp_path / "roof.png"
-    from minipaged.plots.kernels import plot_kernel_roofline
+    from minipaged.lab.plots.kernels import plot_kernel_roofline
 
     plot_kernel_roofline(record["results"], str(path))
     assert path.stat().st_size > 10_000

@@ -10,7 +10,7 @@ boundary (block_size 16) with one long context, and uses shuffled, non-contiguou
 import pytest
 import torch
 
-from minipaged.attention.check_kernels import random_paged_batch
+from minipaged.lab.kernels.check import random_paged_batch
 
 BLOCK = 16
 EDGES = [1, BLOCK - 1, BLOCK, BLOCK + 1]  # a lone token, and one token either side of a block boundary

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from minipaged.attention.check_kernels import random_paged_batch
 from minipaged.attention.reference import gather_kv, paged_attention_reference
+from minipaged.lab.kernels.check import random_paged_batch
 
 NOTEBOOK = Path(__file__).resolve().parents[2] / "notebooks" / "10_paged-attention-kernel.ipynb"
 

@@ -5,8 +5,8 @@ import importlib.util
 
 import pytest
 
-from minipaged.attention.kernels import resources
-from minipaged.attention.kernels.resources import global_loads, occupancy
+from minipaged.lab.kernels import resources
+from minipaged.lab.kernels.resources import global_loads, occupancy
 
 
 def _has_ptxas() -> bool:

@@ -19,14 +19,14 @@ from minipaged.attention.kernels.v3_config import BLOCKS_PER_SM_CLAIMED, OCCUPAN
 
 ROOT = Path(__file__).resolve().parents[2]
 pytest.importorskip("numba", reason="numba is not installed: pip install numba numba-cuda[cu13]")
-if importlib.util.find_spec("minipaged.attention.kernels.resources") is None:
-    pytest.skip("minipaged.attention.kernels.resources (the compile-time report) is not in this tree",
+if importlib.util.find_spec("minipaged.lab.kernels.resources") is None:
+    pytest.skip("minipaged.lab.kernels.resources (the compile-time report) is not in this tree",
                 allow_module_level=True)
 
 V3_KERNELS = ("v3", "v3_rows_max", "v3_shared_sum")
 REPORT = """
 import dataclasses, json
-from minipaged.attention.kernels.resources import kernel_resources
+from minipaged.lab.kernels.resources import kernel_resources
 rows = kernel_resources(cc=(9, 0), head_dims=(64, 128), dtypes=("float16", "float32"), kernels={kernels!r})
 print(json.dumps([dataclasses.asdict(r) for r in rows]))
 """

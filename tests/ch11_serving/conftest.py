@@ -2,7 +2,7 @@
 
 import pytest
 
-from minipaged.server.process import ServerProcess
+from minipaged.lab.server_process import ServerProcess
 
 # The tiny random model: fast, and its byte tokenizer still has a chat template.
 OPTIONS = ("--max-num-seqs", "64", "--kv-capacity-tokens", "4096")

@@ -6,9 +6,9 @@ import math
 
 import pytest
 
-from minipaged.bench import online
-from minipaged.plots import online as plot_online
-from minipaged.simulator.online import SYSTEMS
+from minipaged.lab.bench import online
+from minipaged.lab.plots import online as plot_online
+from minipaged.lab.simulator.online import SYSTEMS
 
 REQUESTS, SEEDS, RATES_COUNT = 40, 2, 6
 REAL_REQUESTS = 6

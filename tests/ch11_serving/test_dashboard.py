@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from minipaged.server.process import ServerProcess
+from minipaged.lab.server_process import ServerProcess
 
 REPO = Path(__file__).resolve().parents[2]
 TIMEOUT_MS = 30_000  # the most any wait on the page may take

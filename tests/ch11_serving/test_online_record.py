@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from minipaged import records
-from minipaged.simulator.online import SYSTEMS
+from minipaged.lab import records
+from minipaged.lab.simulator.online import SYSTEMS
 
 CHAPTER = records.CHAPTERS / "11_serving"
 
@@ -63,7 +63,7 @@ def test_static_batching_bends_well_before_its_capacity(record):
 
 
 def test_the_figure_is_drawn_from_the_record(record, tmp_path):
-    from minipaged.plots.online import plot_online_latency
+    from minipaged.lab.plots.online import plot_online_latency
 
     assert (CHAPTER / "online_latency.png").exists()
     assert "online_latency.png" in (CHAPTER / "README.md").read_text()

@@ -1,4 +1,4 @@
-"""Chapter 11's model-free load test (minipaged/simulator/online.py): the real engine core, scheduler
+"""Chapter 11's model-free load test (minipaged/lab/simulator/online.py): the real engine core, scheduler
 and KV policy on a virtual clock that each step moves by a fitted step time. Checked against the
 step-time arithmetic done by hand, against each system's rule (a static batch waits for its longest
 member, a max_model_len slab caps the batch), and for the order of the knees."""
@@ -7,9 +7,9 @@ import math
 
 import pytest
 
-from minipaged.bench.online import judge, poisson_arrivals, summarize
-from minipaged.bench.serving import make_trace
-from minipaged.simulator.online import SYSTEMS, StepTimeModel, make_core, simulate
+from minipaged.lab.bench.online import judge, poisson_arrivals, summarize
+from minipaged.lab.bench.serving import make_trace
+from minipaged.lab.simulator.online import SYSTEMS, StepTimeModel, make_core, simulate
 
 MODEL = StepTimeModel(fixed_s=0.024, per_token_s=0.0014, per_seq_s=0.0006)
 SHAPE = dict(kv_capacity=1536, max_model_len=256, max_num_seqs=64)

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from minipaged import SamplingParams
-from minipaged.server.process import ServerProcess
+from minipaged.lab.server_process import ServerProcess
 
 openai = pytest.importorskip("openai")
 

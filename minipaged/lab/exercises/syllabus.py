@@ -1,0 +1,153 @@
+"""The course's time budget and its semester plan, rendered from one table so that no page disagrees.
+
+Each chapter has four kinds of work:
+
+    reading         the chapter's text, following its code walk in the source
+    notebook        running and reading its notebook (not counting the first download of the weights)
+    graded          its graded exercises: the sum of their minutes in the catalog (catalog/chNN.py)
+    open questions  its questions without a grader: predictions, measurements, extensions
+
+The first, second and fourth are estimates kept here (CHAPTER_TIMES); the third is the catalog's. They
+are estimates for a student who has done the chapters before, not measurements: reading at about 150
+words a minute of technical text with code beside it, a notebook at a little over a minute a cell,
+an open question at 10 to 20 minutes (an extension, such as a kernel optimization or a server
+feature, longer).
+
+``python -m minipaged.lab.exercises render`` writes three blocks from them, between HTML comments:
+
+    docs/pages/about.md          the time per chapter
+    docs/pages/instructors.md    a 14-week semester plan: weeks, chapters, notebooks, exercises, hours
+    README.md                    one line: how long the whole course takes
+
+Not handled: time for the benchmarks that exercises ask to run (the chapters give those beside the
+commands), and a plan for a course of another length (the weeks are one table below; edit it).
+"""
+
+from __future__ import annotations
+
+import textwrap
+from dataclasses import dataclass
+
+from minipaged.lab.exercises.catalog import Exercise
+
+
+@dataclass(frozen=True)
+class ChapterTime:
+    chapter: str  # "00"
+    title: str
+    slug: str  # the folder under chapters/ and the notebook's name
+    reading: int  # minutes
+    notebook: int  # minutes
+    open_questions: int  # minutes, all of the chapter's questions without a grader
+
+
+CHAPTER_TIMES = (
+    ChapterTime("00", "The KV cache", "00_the-kv-cache", 40, 30, 40),
+    ChapterTime("01", "Contiguous cache", "01_contiguous-cache", 30, 30, 45),
+    ChapterTime("02", "Fixed blocks", "02_fixed-blocks", 25, 20, 40),
+    ChapterTime("03", "Block table", "03_block-table", 30, 30, 40),
+    ChapterTime("04", "On-demand allocation", "04_on-demand-allocation", 35, 30, 45),
+    ChapterTime("05", "Copy-on-write", "05_copy-on-write", 60, 30, 60),
+    ChapterTime("06", "Continuous batching", "06_continuous-batching", 55, 30, 50),
+    ChapterTime("07", "Prefix caching", "07_prefix-caching", 60, 30, 50),
+    ChapterTime("08", "Chunked prefill", "08_chunked-prefill", 50, 20, 45),
+    ChapterTime("09", "Speculative decoding", "09_speculative-decoding", 50, 20, 45),
+    ChapterTime("10", "PagedAttention kernel", "10_paged-attention-kernel", 60, 30, 90),
+    ChapterTime("11", "Serving", "11_serving", 50, 30, 90),
+)
+
+# A 14-week semester: (week, chapters, what the week is about). Weeks without a chapter are the
+# project's, whose time is the class's own choice.
+SEMESTER = (
+    (1, ("00",), "the model, the generate loop, the KV cache and what it costs"),
+    (2, ("01", "02"), "contiguous slabs and fixed blocks: where memory is wasted"),
+    (3, ("03",), "block tables and paged attention in PyTorch"),
+    (4, ("04",), "on-demand allocation: waste below one block a request"),
+    (5, ("05",), "copy-on-write: parallel sampling and beam search"),
+    (6, ("06",), "continuous batching, admission and preemption"),
+    (7, (), "review: chapters 01-06 against sections 4 and 6 of the vLLM paper"),
+    (8, ("07",), "prefix caching"),
+    (9, ("08",), "chunked prefill"),
+    (10, ("09",), "speculative decoding"),
+    (11, ("10",), "the PagedAttention kernel, from the reference to the memory roof"),
+    (12, ("11",), "serving: the async engine, the OpenAI server, latency against load"),
+    (13, (), "project: extend a stage, or reproduce a measurement of the paper on your machine"),
+    (14, (), "project presentations"),
+)
+
+TIME_BEGIN = "<!-- time per chapter: begin (rendered by `python -m minipaged.lab.exercises render`) -->"
+TIME_END = "<!-- time per chapter: end -->"
+PLAN_BEGIN = "<!-- semester plan: begin (rendered by `python -m minipaged.lab.exercises render`) -->"
+PLAN_END = "<!-- semester plan: end -->"
+TOTAL_BEGIN = "<!-- course length: begin (rendered by `python -m minipaged.lab.exercises render`) -->"
+TOTAL_END = "<!-- course length: end -->"
+
+
+def graded_minutes(exercises: list[Exercise], chapter: str) -> int:
+    return sum(e.minutes for e in exercises if e.chapter == chapter)
+
+
+def chapter_minutes(t: ChapterTime, exercises: list[Exercise]) -> int:
+    return t.reading + t.notebook + graded_minutes(exercises, t.chapter) + t.open_questions
+
+
+def totals(exercises: list[Exercise]) -> dict[str, int]:
+    """Minutes of each kind over the whole course."""
+    out = {"reading": sum(t.reading for t in CHAPTER_TIMES), "notebook": sum(t.notebook for t in CHAPTER_TIMES),
+           "graded": sum(graded_minutes(exercises, t.chapter) for t in CHAPTER_TIMES),
+           "open_questions": sum(t.open_questions for t in CHAPTER_TIMES)}
+    out["all"] = sum(out.values())
+    return out
+
+
+def _h(minutes: int) -> str:
+    """Minutes for a table: '40 min' below an hour, else hours to the quarter ('1.25 h')."""
+    if minutes < 60:
+        return f"{minutes} min"
+    return f"{round(minutes / 15) / 4:g} h"
+
+
+def time_table(exercises: list[Exercise]) -> str:
+    lines = [TIME_BEGIN, "", "| # | chapter | read | notebook | graded exercises | open questions | in all |",
+             "|---|---|---|---|---|---|---|"]
+    for t in CHAPTER_TIMES:
+        graded = graded_minutes(exercises, t.chapter)
+        n = sum(e.chapter == t.chapter for e in exercises)
+        lines.append(f"| {t.chapter} | [{t.title}](../../chapters/{t.slug}/README.md) | {_h(t.reading)} | "
+                     f"{_h(t.notebook)} | {_h(graded)} ({n}) | {_h(t.open_questions)} | "
+                     f"{_h(chapter_minutes(t, exercises))} |")
+    s = totals(exercises)
+    lines.append(f"| | **the course** | **{_h(s['reading'])}** | **{_h(s['notebook'])}** | **{_h(s['graded'])}** | "
+                 f"**{_h(s['open_questions'])}** | **{_h(s['all'])}** |")
+    return "\n".join([*lines, "", TIME_END])
+
+
+def semester_plan(exercises: list[Exercise]) -> str:
+    times = {t.chapter: t for t in CHAPTER_TIMES}
+    lines = [PLAN_BEGIN, "", "| week | chapters | notebooks | graded exercises | hours | the week |",
+             "|---|---|---|---|---|---|"]
+    for week, chapters, about in SEMESTER:
+        links = ", ".join(f"[{c}](../../chapters/{times[c].slug}/README.md)" for c in chapters) or "none"
+        books = ", ".join(f"[{c}](../../notebooks/{times[c].slug}.ipynb)" for c in chapters) or ""
+        ids = ", ".join(e.id for e in exercises if e.chapter in chapters) or ""
+        minutes = sum(chapter_minutes(times[c], exercises) for c in chapters)
+        lines.append(f"| {week} | {links} | {books} | {ids} | {_h(minutes) if chapters else ''} | {about} |")
+    s = totals(exercises)
+    lines += ["", f"The chapter weeks add up to about {s['all'] / 60:.0f} hours of a student's time: "
+              f"{s['reading'] / 60:.1f} reading, {s['notebook'] / 60:.1f} in the notebooks, "
+              f"{s['graded'] / 60:.1f} on the {len(exercises)} graded exercises and "
+              f"{s['open_questions'] / 60:.1f} on the open questions.", "", PLAN_END]
+    return "\n".join(lines)
+
+
+def course_length(exercises: list[Exercise]) -> str:
+    """The README's bullet on the course's length, wrapped like the bullets around it."""
+    s = totals(exercises)
+    text = (f"- **How long.** About {s['all'] / 60:.0f} hours in all: {s['reading'] / 60:.0f} of reading, "
+            f"{s['notebook'] / 60:.1f} of notebooks and {(s['graded'] + s['open_questions']) / 60:.0f} of "
+            f"exercises ({len(exercises)} graded ones among them), over twelve chapters. The "
+            f"[time per chapter](docs/pages/about.md#time-per-chapter) and a fourteen-week "
+            f"[semester plan](docs/pages/instructors.md#a-semester-plan) break it down.")
+    lines = textwrap.wrap(text, width=100, subsequent_indent="  ", break_on_hyphens=False)
+    return "\n".join([TOTAL_BEGIN, *lines, TOTAL_END])
+

@@ -21,9 +21,10 @@ is freed (pruned). Next step, each beam appends its token; a beam whose last blo
 copies that block first (copy-on-write). Beams therefore hold one copy of their common prefix.
 
 The search is a request of the engine like any other: the scheduler plans every live beam as a
-sequence of the request (scheduler/request.py), the runner computes their logits in the step's
-forward pass, and where the scheduler applies the step's output (scheduler/output.py) it hands the
-rows to the search instead of sampling: the search ranks the candidates (``select_beams``) and says
+sequence of the request (request.py), the runner computes their logits in the step's forward
+pass and gives each beam its 2 * beam_width best candidates instead of a sampled token
+(``candidate_logprobs``), and where the scheduler applies the step's output (scheduler/continuous.py)
+it hands them to the search: the search ranks the candidates (``select_beams``) and says
 how the K/V follows (``plan_moves``: take over, fork, prune), which the scheduler carries out
 through the KV policy. The engine core's step has no branch for it. So beam search gets admission,
 preemption, the prefix cache and chunked prefill from the engine, and has no loop of its own.

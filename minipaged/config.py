@@ -27,6 +27,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
+from minipaged.sampling_params import _is_int
+
 KV_POLICIES = ("per_request", "contiguous", "fixed_blocks", "block_table", "on_demand", "shared", "prefix_caching")
 RESERVING_POLICIES = ("contiguous", "fixed_blocks", "block_table")  # reserve each request's memory up front
 GROWING_POLICIES = ("on_demand", "shared", "prefix_caching")  # take blocks as tokens arrive (watermark)
@@ -36,10 +38,6 @@ RESERVATIONS = ("max", "pow2", "oracle")
 ATTENTION_BACKENDS = ("torch", "torch_batched", "cpu", "numba")
 DTYPES = ("float32", "float16", "bfloat16")
 DEFAULT_CHUNKED_BUDGET = 256  # tokens per step on a CPU: about 0.6 s for SmolLM2 on 2 cores (bench chunked's fit)
-
-
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _fail(name: str, value, allowed: str):

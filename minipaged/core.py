@@ -10,12 +10,14 @@ Each step, as vLLM V1's:
 
     plan = scheduler.schedule()                         who runs, the slots of their new tokens, the
                                                         block copies (scheduler/, kv/)
-    output = runner.execute(plan)                       block copies, one forward pass (runner.py)
-    result = scheduler.update_from_output(plan, output) tokens appended, stops, drafts checked, beams
-                                                        ranked, blocks freed (scheduler/output.py)
+    output = runner.execute(plan)                       block copies, one forward pass, the tokens
+                                                        sampled (runner.py, sampling.py)
+    result = scheduler.update_from_output(plan, output) tokens appended, stops, right guesses kept,
+                                                        beams ranked, blocks freed
 
-The scheduler owns every request (one ``Request`` each, scheduler/request.py) and is the only
-caller of the KV policy's mutating methods; the runner only reads the block tables. Admission, the
+The three pass plain data (step.py): a StepPlan, a RunnerOutput (token ids, logprobs, the pass's time
+and tokens), a StepResult. The scheduler owns every request (one ``Request`` each, request.py) and is
+the only caller of the KV policy's mutating methods; the runner only reads the block tables. Admission, the
 watermark, the token budget, chunks (chapter 08), drafts (chapter 09), beam search (chapter 05) and
 preemption (recompute, swap) all happen in the scheduler: the step has no branch for any of them.
 
@@ -33,7 +35,8 @@ always draws from a generator seeded with ``sample_seed(seed, i)``, so the outpu
 either way.
 
 The same core runs the model (ModelRunner), chapter 00's per-sequence memory (PerRequestRunner) and
-the simulators (SyntheticRunner): one loop, whatever executes the plan.
+the simulators (minipaged/lab/simulator/runner.py's SyntheticRunner): one loop, whatever executes the
+plan.
 
 Not handled yet: priorities, several engine cores (data parallelism), pipelining a step's scheduling
 with the previous step's forward pass.
@@ -44,10 +47,10 @@ from __future__ import annotations
 import time
 
 from minipaged.metrics import engine_metrics
+from minipaged.request import Request, RequestStatus, Sequence
 from minipaged.sampling import sample_seed
 from minipaged.sampling_params import SamplingParams
-from minipaged.scheduler import Request, RequestStatus, make_scheduler
-from minipaged.sequence import Sequence
+from minipaged.scheduler import make_scheduler
 
 
 class EngineCore:
@@ -116,7 +119,8 @@ class EngineCore:
         request, now = self._new_request(request_id, prompt_ids, params, arrival_time)
         request.samples = [Sequence(seq_id=self.scheduler.next_seq_id(), prompt_ids=list(prompt_ids), params=params,
                                     index=i, eos_token_id=self.eos_token_id, max_model_len=self.max_model_len,
-                                    arrival_time=now, generator=self.runner.make_generator(sample_seed(params.seed, i)))
+                                    arrival_time=now, generator=self.runner.make_generator(sample_seed(params.seed, i)),
+                                    tokenizer=self.tokenizer)
                            for i in range(params.n)]
         if self.policy.shares_blocks:  # prefill once, fork the other samples from it
             request.seqs, request.children = request.samples[:1], request.samples[1:]
@@ -185,17 +189,17 @@ class EngineCore:
         start = self.clock()
         plan = self.scheduler.schedule()
         output = self.runner.execute(plan)
-        record = self._step_record(plan) if self.metrics.listening and plan.work else None  # the pool the pass saw
-        result = self.scheduler.update_from_output(plan, output, self.clock())
+        record = self._step_record(plan, output) if self.metrics.listening and plan.work else None  # the pool
+        result = self.scheduler.update_from_output(plan, output, self.clock())  # the pass saw, before it changes
         self._observe(result)
+        elapsed = self.clock() - start
         if plan.work:
             self.num_steps += 1
-            elapsed = self.clock() - start
             self._forward_passes.inc()
-            self._tokens_computed.inc(self.runner.last_num_tokens)  # all it recomputed, without a cache
+            self._tokens_computed.inc(output.num_tokens_computed)  # all it recomputed, without a cache
             self._tokens_per_step.observe(plan.num_tokens)
             self._step_seconds.observe(elapsed)
-            self._forward_seconds.observe(self.runner.last_forward_seconds)
+            self._forward_seconds.observe(output.forward_seconds)
         self._update_gauges()
         if record is not None:
             record["step_seconds"] = elapsed
@@ -230,14 +234,14 @@ class EngineCore:
     def kv_cache_usage(self) -> float:
         """Fraction of the pool's slots that requests hold (0 when nobody holds a block; blocks that
         only the prefix cache keeps count as free)."""
-        if not self.args.pooled:
+        if not self.policy.bounded:  # chapter 00: no pool at all
             return 0.0
         usage = self.policy.usage()
         return usage.occupied / usage.total
 
-    def _step_record(self, plan) -> dict:
+    def _step_record(self, plan, output) -> dict:
         usage = self.policy.usage()
-        record = {"step": self.num_steps, "forward_seconds": self.runner.last_forward_seconds,
+        record = {"step": self.num_steps, "forward_seconds": output.forward_seconds,
                   "batch_size": len(plan.work), "num_tokens": plan.num_tokens, "num_decodes": plan.num_decodes,
                   "num_prefill_tokens": plan.num_prefill_tokens, "preempted": plan.preempted,
                   "kv_utilization": usage.utilization, "kv_occupied": usage.occupied / usage.total,

@@ -10,8 +10,7 @@
 This is the loop chapter 00 walks through, and the baseline of `bench cache`. ``LLM(model,
 kv_policy="per_request")`` runs the same memory through the engine core (core.py, with
 runner.PerRequestRunner), the loop every later chapter shares; both agree token for token, and the
-pooled engines must agree with them. ``next_token`` (sampling one token and appending it) is what
-every engine uses.
+pooled engines must agree with them. Both sample with sampling.py's ``sample``.
 
 Not handled here: batching several sequences in one forward pass, any memory limit.
 """
@@ -23,36 +22,14 @@ import time
 import torch
 
 from minipaged.kv.per_request import NoCache, PerRequestKVCache
-from minipaged.sampling import make_generator, penalized_logits, sample_token, without_stop_tokens
-from minipaged.sequence import Sequence
+from minipaged.request import Sequence
+from minipaged.sampling import make_generator, sample, step_rows
 
 
-def next_token(seq: Sequence, logits: torch.Tensor, generator, tokenizer, logprobs: torch.Tensor | None = None,
-               greedy_token: int | None = None) -> None:
-    """Sample from logits [V], then append to seq with its log-probability (and top-k if asked).
-
-    A batched caller may pass what it computed for all rows at once: ``logprobs`` (log_softmax of
-    the logits) and ``greedy_token`` (their argmax). Penalties and a logit bias (sampling.py) change
-    which token is chosen, from the sequence's own prompt and output so far, and so does min_tokens
-    (EOS and the stop token ids are masked until the output has that many tokens); the reported
-    log-probabilities stay those of the raw logits."""
-    logp = torch.log_softmax(logits.float(), dim=-1) if logprobs is None else logprobs
-    if seq.params.penalized:
-        logits = penalized_logits(logits, seq.params, seq.prompt_ids, seq.output_ids)  # [V]
-        greedy_token = None  # the raw argmax no longer decides
-    if len(seq.output_ids) < seq.params.min_tokens:  # EOS and the stop token ids cannot be chosen yet
-        logits = without_stop_tokens(logits, seq.params, seq.eos_token_id)  # [V]
-        greedy_token = None
-    if seq.params.greedy:
-        token = int(torch.argmax(logits)) if greedy_token is None else greedy_token
-    else:
-        token = sample_token(logits, seq.params, generator)
-    top = None
-    if seq.params.logprobs is not None:
-        values, ids = torch.topk(logp, max(seq.params.logprobs, 1))
-        top = {int(i): float(v) for i, v in zip(ids, values)}
-        top[token] = float(logp[token])
-    seq.append(token, tokenizer, float(logp[token]), top)
+def next_token(seq: Sequence, logits: torch.Tensor) -> None:
+    """Sample seq's next token from logits [V] with its own generator (sampling.py), and append it."""
+    token = sample(step_rows(logits[None])[0], seq)
+    seq.append(token.token_id, token.logprob, token.top_logprobs)
 
 
 class NaiveEngine:
@@ -71,17 +48,18 @@ class NaiveEngine:
         return self.model(tokens, positions, kv, logits_rows=[len(ids) - 1])[0]  # [V]
 
     def run_sequence(self, seq: Sequence, generator: torch.Generator | None = None) -> Sequence:
-        generator = generator or make_generator(seq.params.seed)
+        seq.generator = generator or seq.generator or make_generator(seq.params.seed)
+        seq.tokenizer = seq.tokenizer or self.tokenizer
         kv = PerRequestKVCache(self.model.config.num_layers) if self.use_cache else NoCache()
         logits = self._forward(seq.prompt_ids, 0, kv)  # prefill: the whole prompt
-        next_token(seq, logits, generator, self.tokenizer)
+        next_token(seq, logits)
         t0 = seq.first_token_time = time.perf_counter()
         while not seq.finished:
             if self.use_cache:  # feed only the newest token; K/V of the others are cached
                 logits = self._forward(seq.output_ids[-1:], seq.num_tokens - 1, kv)
             else:  # recompute everything from the first token
                 logits = self._forward(seq.all_ids, 0, NoCache())
-            next_token(seq, logits, generator, self.tokenizer)
+            next_token(seq, logits)
         seq.finished_time = time.perf_counter()
         self.stats["decode_seconds"] += seq.finished_time - t0
         self.stats["decode_tokens"] += len(seq.output_ids) - 1

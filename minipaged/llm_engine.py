@@ -80,13 +80,13 @@ def build_core(args: EngineArgs, loaded=None, metrics=None) -> tuple[EngineCore,
         options = {"watermark": args.watermark} if args.kv_policy in GROWING_POLICIES else {}
         policy = make_policy(args.kv_policy, num_slots=args.kv_capacity_tokens, block_size=args.block_size,
                              max_model_len=max_model_len, reservation=args.reservation, **options)
-        runner = ModelRunner(loaded.model, loaded.tokenizer, policy, attention_backend=args.attention_backend,
+        runner = ModelRunner(loaded.model, policy, attention_backend=args.attention_backend,
                              cpu_kernels=args.cpu_kernels, swap_blocks=swap_blocks_for(args, policy), metrics=metrics)
     else:
         from minipaged.kv.per_request import UnboundedPolicy
 
         policy = UnboundedPolicy(max_model_len)
-        runner = PerRequestRunner(loaded.model, loaded.tokenizer, policy, use_cache=args.use_cache)
+        runner = PerRequestRunner(loaded.model, policy, use_cache=args.use_cache)
     core = EngineCore(args, policy, runner, loaded.tokenizer, loaded.tokenizer.eos_token_id, max_model_len, metrics)
     return core, loaded
 

@@ -1,243 +1,227 @@
-"""Runners: what executes one planned step. The scheduler plans (scheduler/), a runner executes the
-plan, and the scheduler applies what comes back (``update_from_output``); the engine core (core.py)
-only calls the three in turn.
+"""The runner: what executes one planned step. The scheduler plans (scheduler/), the runner executes
+the plan and samples, and the scheduler applies what comes back (``update_from_output``); the engine
+core (core.py) only calls the three in turn.
 
-Every runner has the same calls:
-
-    execute(plan) -> StepOutput      make the plan's block copies (swap-outs, swap-ins, copies on
-                                     write, in that order), run one forward pass over every planned
-                                     token, and return each planned sequence's rows (its last token's,
-                                     then one per draft token, chapter 09), in the plan's order
-    make_generator(seed)             the random generator a sample draws from (None if it needs none)
+    execute(plan) -> RunnerOutput    make the plan's block copies (swap-outs, swap-ins, copies on write,
+                                     in that order), run one forward pass over every planned token, and
+                                     sample: each planned sequence's new tokens, as plain data (step.py)
+    make_generator(seed)             the random generator a sample draws from
     reset()                          forget everything (after an abort of every request)
 
-A ``StepOutput`` is the rows and how to draw from them: ``sample(seq, row)`` draws seq's next token
-from one row with seq's own generator and appends it; ``candidates(rows, width, t)`` gives each
-beam its 2 * width best (token, logprob). The scheduler draws a row's token only when it uses it, so
-a draft (chapter 09) costs one draw per emitted token, as plain decoding does, and a seeded
-request gets the same tokens either way.
+The runner reads the plan and the KV policy's block tables and changes neither: the scheduler alone
+does. It never appends a token to a sequence either; the tokens it returns are appended by the
+scheduler, which is also where a stop string is found (it needs the text).
 
-A runner reads the KV policy (the block tables) and never changes it: the scheduler alone does.
+Two runners share the sampling (sampling.py's ``step_outputs``) and differ in where the K/V lives:
 
-Three runners:
+    ModelRunner       the paged K/V tensors (below) and an attention backend: chapters 01-11
+    PerRequestRunner  chapter 00's memory: a growing K/V tensor per sequence (kv/per_request.py), or
+                      none at all with use_cache=False, which recomputes every token at every step
 
-    ModelRunner       the model, the paged K/V tensors (kv/paged_cache.py) and an attention backend.
-    PerRequestRunner  chapter 00's memory: a growing K/V tensor per sequence (or none at all with
-                      use_cache=False, which recomputes every token at every step).
-    SyntheticRunner   no model: every "forward pass" is free and each sequence's next token comes
-                      from a function of the sequence (token 7 unless told otherwise). The
-                      simulators run the real scheduler and KV policy through the real core with it,
-                      in milliseconds; how long a step takes is what it cannot tell.
+The simulators (minipaged/lab/simulator/) bring a third, with no model at all, behind the same calls.
 
-Not handled: overlapping the block copies with compute, CUDA graphs, sampling on the device.
+The K/V memory behind every pooled KV policy (chapters 01-11) lives here too. The policies only hand
+out slot numbers; this is what the numbers point into, one pair of tensors per layer:
+
+    k_cache[layer], v_cache[layer]   [num_blocks, block_size, num_kv_heads, head_dim]
+
+A slot s is row s of the cache seen flat ([num_blocks * block_size, KVH, Dh]): block s // block_size,
+offset s % block_size (the contiguous arena is the same memory with block_size 1). Each forward pass
+gets a ``PagedBatch``: where each new token's K and V go (the slot mapping) and, per sequence, its
+block table, how many tokens it has after this step and how many of those are new. Its ``attend``
+writes the new K/V into their slots, then runs paged attention through the block tables with the
+backend the configuration chose (EngineArgs.attention_backend). Swapping (chapter 06) adds a second
+set of the same tensors in host memory (``SwapKVCache``); ``copy_blocks`` moves whole blocks.
+
+Not handled: overlapping the block copies with compute, CUDA graphs, sampling on the device,
+quantized K/V.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import NamedTuple
+
+import torch
+
+from minipaged.attention import step_attention
+from minipaged.beam_search import candidate_logprobs
+from minipaged.model import kernels
+from minipaged.model.config import ModelConfig
+from minipaged.sampling import make_generator, sample, step_outputs, step_rows
+from minipaged.step import RunnerOutput
+
+# ---- the K/V memory ------------------------------------------------------------------------------
 
 
-class StepRow(NamedTuple):
-    """One row of a step's logits, with what sampling needs from it computed for every row at once:
-    one log_softmax and one argmax over [rows, V] cost far less than one of each per row."""
+class PagedKVCache:
+    def __init__(self, cfg: ModelConfig, num_blocks: int, block_size: int, dtype=torch.float32, device="cpu"):
+        shape = (num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(cfg.num_layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(cfg.num_layers)]
+        self.num_blocks, self.block_size = num_blocks, block_size
 
-    logits: object  # [V]
-    logprobs: object  # [V]: log_softmax(logits)
-    greedy_token: int  # argmax(logits)
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.k + self.v)
 
-
-@dataclass
-class StepOutput:
-    """What a runner returns for one plan: each planned sequence's rows, and how to draw from them."""
-
-    rows: list[list]  # per planned sequence, in plan order: its rows (1 + its draft's length)
-    sample: Callable  # sample(seq, row): draw seq's next token from row with seq.generator, append it
-    candidates: Callable  # candidates(rows, width, temperature): each beam's 2 * width (token, logprob)
-
-
-def step_rows(logits) -> list[StepRow]:
-    """logits [rows, V] -> one StepRow per row."""
-    import torch
-
-    logprobs = torch.log_softmax(logits.float(), dim=-1)  # [rows, V]
-    greedy = logits.argmax(dim=-1).tolist()  # [rows]
-    return [StepRow(row, lp, g) for row, lp, g in zip(logits, logprobs, greedy)]
+    def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """k, v [T, KVH, Dh] go to flat rows `slots` [T] of this layer's cache."""
+        if kernels.use(k):  # the two lines below in one compiled call (model/kernels.py)
+            return kernels.ops().write_kv(k, v, self.k[layer], self.v[layer], slots)
+        self.k[layer].view(-1, *k.shape[1:]).index_copy_(0, slots, k)
+        self.v[layer].view(-1, *v.shape[1:]).index_copy_(0, slots, v)
 
 
-class SyntheticRunner:
-    """A runner without a model (see the module docstring). ``token_of(seq) -> int`` gives each
-    sequence's next token; the output lengths come from the requests' max_tokens (ignore_eos)."""
+class PagedBatch:
+    """One forward pass over several sequences whose K/V live in a PagedKVCache."""
 
-    def __init__(self, token_of=None, candidates_of=None):
-        self.token_of = token_of or (lambda seq: 7)
-        # candidates_of(width) -> a beam's 2 * width (token, logprob), best first (beam search)
-        self.candidates_of = candidates_of or (lambda width: [(7 + i, -1.0 - i) for i in range(2 * width)])
-        self.last_forward_seconds = 0.0
-        self.last_num_tokens = 0  # token positions the last execute computed
-        self.num_copies = 0  # block copies the plans asked for (a model runner would make them)
+    def __init__(self, cache: PagedKVCache, slot_mapping: list[int], block_tables: list[list[int]],
+                 context_lens: list[int], query_lens: list[int], attention):
+        device = cache.k[0].device
+        width = max(len(t) for t in block_tables)
+        padded = [t + [0] * (width - len(t)) for t in block_tables]  # padding is never read
+        self.cache = cache
+        self.slots = torch.tensor(slot_mapping, dtype=torch.long, device=device)  # [T]
+        self.block_tables = torch.tensor(padded, dtype=torch.int32, device=device)  # [S, max_blocks]
+        self.context_lens = torch.tensor(context_lens, dtype=torch.int32, device=device)  # [S]
+        self.query_lens = torch.tensor(query_lens, dtype=torch.int32, device=device)  # [S]
+        # what attention needs besides q and the caches is the same in every layer: built once here, by
+        # the backend's step_attention (attention/__init__.py)
+        self.attention = attention(self.block_tables, self.context_lens, self.query_lens, cache.block_size)
 
-    def make_generator(self, seed):
-        return None
+    def attend(self, layer: int, q, k, v):  # q [T, H, Dh]; k, v [T, KVH, Dh]
+        self.cache.write(layer, self.slots, k, v)
+        return self.attention(q, self.cache.k[layer], self.cache.v[layer])
 
-    def beam_candidates(self, rows, width: int, temperature: float) -> list[list[tuple[int, float]]]:
-        return [self.candidates_of(width) for _ in rows]
 
-    def execute(self, plan) -> StepOutput:
-        self.num_copies += len(plan.copies)  # there is no K/V to copy or swap
-        self.last_num_tokens = plan.num_tokens
-        return StepOutput([[None] * (1 + len(work.draft)) for work in plan.work], self.append_token,
-                          self.beam_candidates)
+class SwapKVCache(PagedKVCache):
+    """The CPU side of swapping: the same layout, in host memory (pinned when there is a GPU, so the
+    copies can use DMA). Block numbers are those of kv/swap.py's SwapSpace."""
 
-    def append_token(self, seq, row) -> None:
-        seq.append(self.token_of(seq), None)
+    def __init__(self, cfg: ModelConfig, num_blocks: int, block_size: int, dtype=torch.float32):
+        super().__init__(cfg, num_blocks, block_size, dtype, "cpu")
+        if torch.cuda.is_available():
+            self.k = [t.pin_memory() for t in self.k]
+            self.v = [t.pin_memory() for t in self.v]
 
-    def reset(self) -> None:
-        pass
+
+def copy_blocks(src: PagedKVCache, dst: PagedKVCache, pairs: list[tuple[int, int]]) -> None:
+    """Copy whole blocks, every layer's K and V: block s of ``src`` to block d of ``dst`` for each
+    (s, d) in pairs. ``src`` and ``dst`` may be the same cache (copy-on-write) or two (swapping)."""
+    if not pairs:
+        return
+    from_blocks = torch.tensor([s for s, _ in pairs], dtype=torch.long, device=src.k[0].device)
+    to_blocks = torch.tensor([d for _, d in pairs], dtype=torch.long, device=dst.k[0].device)
+    for layer in range(len(src.k)):
+        dst.k[layer][to_blocks] = src.k[layer][from_blocks].to(dst.k[layer].device)  # [pairs, bs, KVH, Dh]
+        dst.v[layer][to_blocks] = src.v[layer][from_blocks].to(dst.v[layer].device)
+
+
+# ---- the runners --------------------------------------------------------------------------------
+
+
+def sampled_output(plan, logits: torch.Tensor, num_tokens: int, seconds: float) -> RunnerOutput:
+    """The step's tokens from its logits [rows, V]: row by row, each planned sequence's rows in plan
+    order (its last token's, then one per draft token, chapter 09)."""
+    rows, first, at = step_rows(logits), [], 0
+    for work in plan.work:  # where each planned sequence's rows start
+        first.append(at)
+        at += 1 + len(work.draft)
+
+    def draw(i, j, seq, before):
+        return sample(rows[first[i] + j], seq, before)
+
+    def rank(i, work):  # a beam's 2 * beam_width best (token, logprob), chapter 05
+        return candidate_logprobs(rows[first[i]].logits[None], work.beam_width,
+                                  work.request.beam.params.temperature)[0]
+
+    return RunnerOutput(step_outputs(plan.work, draw, rank), num_tokens, seconds)
 
 
 class ModelRunner:
     """The model over a paged KV pool (see the module docstring)."""
 
-    def __init__(self, model, tokenizer, policy, *, attention_backend: str, cpu_kernels: bool, swap_blocks: int = 0,
+    def __init__(self, model, policy, *, attention_backend: str, cpu_kernels: bool, swap_blocks: int = 0,
                  metrics=None):
-        from minipaged.kv.paged_cache import PagedKVCache, SwapKVCache
-
         cfg = model.config
-        self.model, self.tokenizer, self.policy = model, tokenizer, policy
+        self.model, self.policy = model, policy
         self.backend = attention_backend
+        self.attention = step_attention(attention_backend)  # the backend's per-step planner, looked up once
         self.cpu_kernels = cpu_kernels  # the model's small operations compiled (model/kernels.py)
         self.cache = PagedKVCache(cfg, policy.num_blocks, policy.block_size, model.dtype, model.device)
         self.swap_cache = SwapKVCache(cfg, swap_blocks, policy.block_size, model.dtype) if swap_blocks else None
-        self.metrics = metrics
-        self.last_forward_seconds = 0.0
-        self.last_num_tokens = 0  # token positions the last forward pass computed
-        self.swap_seconds = 0.0
+        self.block_copies = metrics.counter("minipaged:block_copies") if metrics is not None else None
+        self.swap_seconds = 0.0  # time spent copying blocks to and from the swap space
 
     def make_generator(self, seed):
-        from minipaged.sampling import make_generator
-
         return make_generator(seed)
-
-    def append_token(self, seq, row) -> None:
-        from minipaged.engine import next_token
-
-        next_token(seq, row.logits, seq.generator, self.tokenizer, row.logprobs, row.greedy_token)
-
-    def beam_candidates(self, rows, width: int, temperature: float) -> list[list[tuple[int, float]]]:
-        """Each beam's 2 * width most likely (token, logprob), best first (beam_search.py)."""
-        import torch
-
-        from minipaged.beam_search import candidate_logprobs
-
-        return candidate_logprobs(torch.stack([row.logits for row in rows]), width, temperature)
 
     def reset(self) -> None:
         pass  # the K/V tensors stay; the policy's books say nothing in them is anyone's
 
-    # ---- block copies -----------------------------------------------------------------------
-
-    def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
-        """Copy whole blocks src -> dst in every layer's K and V (copy-on-write). Within one step no
-        destination is also a source, so gathering all sources before writing is the same as copying
-        in order."""
-        from minipaged.kv.paged_cache import copy_blocks
-
-        copy_blocks(self.cache, self.cache, copies)
-        if self.metrics is not None and copies:
-            self.metrics.counter("minipaged:block_copies").inc(len(copies))
-
-    def swap_blocks(self, swap_out: list[tuple[int, int]], swap_in: list[tuple[int, int]]) -> None:
-        """Device -> CPU copies first: a device block freed by a swap-out may already be promised to
-        someone else in this step, and its old contents must leave before anything lands there."""
-        from minipaged.kv.paged_cache import copy_blocks
-
-        if not swap_out and not swap_in:
-            return
+    def execute(self, plan) -> RunnerOutput:
+        if plan.swap_out or plan.swap_in:
+            # device -> CPU first: a device block freed by a swap-out may already be promised to
+            # someone else in this step, and its old contents must leave before anything lands there
+            start = time.perf_counter()
+            copy_blocks(self.cache, self.swap_cache, plan.swap_out)
+            copy_blocks(self.swap_cache, self.cache, plan.swap_in)
+            self.swap_seconds += time.perf_counter() - start
+        # copies on write, before any new K/V lands in a copied block. Within one step no destination
+        # is also a source, so gathering every source before writing equals copying in order
+        copy_blocks(self.cache, self.cache, plan.copies)
+        if self.block_copies is not None and plan.copies:
+            self.block_copies.inc(len(plan.copies))
+        if not plan.work:
+            return RunnerOutput([])
         start = time.perf_counter()
-        copy_blocks(self.cache, self.swap_cache, swap_out)
-        copy_blocks(self.swap_cache, self.cache, swap_in)
-        self.swap_seconds += time.perf_counter() - start
+        logits = self.forward(plan.work)
+        return sampled_output(plan, logits, plan.num_tokens, time.perf_counter() - start)
 
-    # ---- the forward pass ----------------------------------------------------------------------
-
-    def execute(self, plan) -> StepOutput:
-        self.swap_blocks(plan.swap_out, plan.swap_in)
-        self.copy_blocks(plan.copies)  # before any new K/V lands in a copied block
-        rows = []
-        if plan.work:
-            logits = self.forward([(w.seq.seq_id, w.tokens, w.cached, w.slots) for w in plan.work],
-                                  drafts={w.seq.seq_id: len(w.draft) for w in plan.work if w.draft})
-            flat, at = step_rows(logits), 0
-            for work in plan.work:
-                rows.append(flat[at:at + 1 + len(work.draft)])
-                at += 1 + len(work.draft)
-        return StepOutput(rows, self.append_token, self.beam_candidates)
-
-    def forward(self, work, drafts: dict | None = None):
-        """One forward pass. work: [(seq_id, token ids to compute, tokens already cached, their
-        slots)] whose slots the scheduler has just planned. Returns logits [rows, V]: each entry's
-        last token, or for an entry in ``drafts`` ({seq_id: d}, chapter 09) d + 1 rows (the token
-        before the guesses, then each guess)."""
-        import torch
-
-        from minipaged.kv.paged_cache import PagedBatch
-        from minipaged.model import kernels
-
-        drafts = drafts or {}
-        tokens, positions, slots, tables, context_lens, query_lens = [], [], [], [], [], []
-        for seq_id, new_tokens, cached, new_slots in work:
-            tokens += new_tokens
-            positions += range(cached, cached + len(new_tokens))
-            slots += new_slots
-            tables.append(self.policy.block_table(seq_id))
-            context_lens.append(cached + len(new_tokens))
-            query_lens.append(len(new_tokens))
+    def forward(self, work) -> torch.Tensor:
+        """One forward pass over the planned sequences (step.py's ScheduledSeq). Returns logits
+        [rows, V]: each sequence's last token's row, and with a draft (chapter 09) the row of its own
+        token then one per guess."""
+        tokens, positions, slots, tables, context_lens, query_lens, rows = [], [], [], [], [], [], []
+        for w in work:
+            tokens += w.tokens
+            positions += range(w.cached, w.cached + w.num_new)
+            slots += w.slots
+            tables.append(self.policy.block_table(w.seq.seq_id))
+            context_lens.append(w.cached + w.num_new)
+            query_lens.append(w.num_new)
+            end = len(tokens)
+            rows += range(end - 1 - len(w.draft), end)
         device = self.model.device
-        batch = PagedBatch(self.cache, slots, tables, context_lens, query_lens, self.backend)
-        ends = torch.tensor(query_lens).cumsum(0)
-        last_rows = ends - 1  # each entry's newest token
-        if drafts:  # a drafted entry also gives the rows of its own token and every guess (chapter 09)
-            last_rows = torch.cat([torch.arange(end - 1 - drafts.get(seq_id, 0), end)
-                                   for end, (seq_id, *_) in zip(ends.tolist(), work)])
-        start = time.perf_counter()
+        batch = PagedBatch(self.cache, slots, tables, context_lens, query_lens, self.attention)
         with kernels.enabled(self.cpu_kernels):
             logits = self.model(torch.tensor(tokens, device=device), torch.tensor(positions, device=device),
-                                batch, logits_rows=last_rows.to(device))  # [rows, V]
+                                batch, logits_rows=torch.tensor(rows, device=device))  # [rows, V]
         if logits.is_cuda:
             torch.cuda.synchronize()
-        self.last_forward_seconds = time.perf_counter() - start
-        self.last_num_tokens = len(tokens)
         return logits
 
 
-class PerRequestRunner(ModelRunner):
+class PerRequestRunner:
     """Chapter 00's memory behind the same core: each sequence keeps its own growing K/V tensors
     (kv/per_request.py), or, with use_cache=False, nothing, and every step recomputes the whole
     sequence (the oracle for caching). Its policy (kv/per_request.py's UnboundedPolicy) only counts
-    tokens, and the core runs one sequence at a time, as chapter 00's loop does."""
+    tokens; a fork (a beam that branches) copies the parent's tensors whole."""
 
-    def __init__(self, model, tokenizer, policy, *, use_cache: bool, metrics=None):
-        self.model, self.tokenizer, self.policy = model, tokenizer, policy
-        self.use_cache = use_cache
-        self.metrics = metrics
-        self.caches: dict = {}
-        self.last_forward_seconds = 0.0
-        self.last_num_tokens = 0
-        self.swap_seconds = 0.0
+    def __init__(self, model, policy, *, use_cache: bool):
+        self.model, self.policy, self.use_cache = model, policy, use_cache
+        self.caches: dict = {}  # seq_id -> its PerRequestKVCache
+
+    def make_generator(self, seed):
+        return make_generator(seed)
 
     def reset(self) -> None:
         self.caches.clear()
 
-    def execute(self, plan) -> StepOutput:
-        import torch
-
+    def execute(self, plan) -> RunnerOutput:
         from minipaged.kv.per_request import BatchOfCaches, NoCache, PerRequestKVCache
 
         layers = self.model.config.num_layers
-        for parent, child in plan.copies:  # beam search forked: a private copy of everything
+        for parent, child in plan.copies:  # a fork: a private copy of everything
             source, copy = self.caches[parent], PerRequestKVCache(layers)
             copy.k = [t.clone() for t in source.k]
             copy.v = [t.clone() for t in source.v]
@@ -245,10 +229,10 @@ class PerRequestRunner(ModelRunner):
         live = set(self.policy.seq_ids())
         for seq_id in [s for s in self.caches if s not in live]:  # finished, pruned or aborted: its K/V goes
             del self.caches[seq_id]
+        if not plan.work:
+            return RunnerOutput([])
         device = self.model.device
         start = time.perf_counter()
-        if not plan.work:
-            return StepOutput([], self.append_token, self.beam_candidates)
         if self.use_cache:  # every planned sequence in one forward pass, each through its own cache
             caches = [self.caches.setdefault(w.seq.seq_id, PerRequestKVCache(layers)) for w in plan.work]
             tokens = [t for w in plan.work for t in w.tokens]
@@ -257,15 +241,13 @@ class PerRequestRunner(ModelRunner):
             batch = BatchOfCaches(caches, lens) if len(caches) > 1 else caches[0]
             logits = self.model(torch.tensor(tokens, device=device), torch.tensor(positions, device=device), batch,
                                 logits_rows=(torch.tensor(lens).cumsum(0) - 1).to(device))  # [S, V]
-            rows = [[row] for row in step_rows(logits)]
-            self.last_num_tokens = len(tokens)
+            computed = len(tokens)
         else:  # recompute every sequence from its first token
-            rows = []
+            last = []
             for w in plan.work:
                 ids = w.seq.all_ids[:w.cached + w.num_own]
-                logits = self.model(torch.tensor(ids, dtype=torch.long, device=device),
-                                    torch.arange(len(ids), device=device), NoCache(), logits_rows=[len(ids) - 1])
-                rows.append(step_rows(logits))  # one row
-            self.last_num_tokens = sum(w.cached + w.num_own for w in plan.work)
-        self.last_forward_seconds = time.perf_counter() - start
-        return StepOutput(rows, self.append_token, self.beam_candidates)
+                last.append(self.model(torch.tensor(ids, dtype=torch.long, device=device),
+                                       torch.arange(len(ids), device=device), NoCache(), logits_rows=[len(ids) - 1]))
+            logits = torch.cat(last)  # [S, V]
+            computed = sum(w.cached + w.num_own for w in plan.work)
+        return sampled_output(plan, logits, computed, time.perf_counter() - start)

@@ -1,5 +1,12 @@
-"""Turn one row of logits into the next token: logit bias, penalties and the min_tokens mask, then
-greedy, temperature, top-k, top-p, min-p.
+"""The sampler: the runner turns each row of a step's logits into tokens here. One row gives one token:
+logit bias, penalties and the min_tokens mask, then greedy, temperature, top-k, top-p, min-p.
+
+    step_rows(logits)                        [rows, V] -> one StepRow each (log_softmax and argmax, batched)
+    sample(row, seq, before)                 seq's next token from one row (``before``: tokens it drew
+                                             earlier in this step, from a draft's earlier rows)
+    step_outputs(work, draw, rank)           one SeqOutput per planned sequence: its tokens (a draft
+                                             checked row by row, spec/verify.py), the first tokens of
+                                             the samples forked from it, or a beam's candidates
 
 Each sample owns a torch.Generator seeded from SamplingParams.seed, so its random draws depend on
 nothing else in the batch: the same seed gives the same text whether the request runs alone or next
@@ -21,15 +28,22 @@ any of this, as vLLM V1 reports them. A logit the repetition penalty scales stay
 ±LOGIT_LIMIT (1e30): vLLM takes any penalty above 0, and an extreme one would otherwise make it
 infinite in float32, and the softmax over it NaN.
 
+The sampler reads a sequence (its parameters, prompt, output so far and generator) and changes
+nothing: the scheduler appends the tokens when it applies the step's output.
+
 Not handled yet: penalties computed on the device for the whole batch at once (this is one row at a
 time, and costs a pass over the sequence's tokens per sampled token).
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from minipaged.sampling_params import SamplingParams
+from minipaged.spec.verify import verify
+from minipaged.step import Sampled, SeqOutput
 
 
 def make_generator(seed: int | None) -> torch.Generator:
@@ -109,3 +123,82 @@ def sample_token(logits: torch.Tensor, params: SamplingParams, generator: torch.
         return int(torch.argmax(logits))
     probs = torch.softmax(processed_logits(logits, params), dim=-1)
     return int(torch.multinomial(probs, 1, generator=generator))
+
+
+class StepRow(NamedTuple):
+    """One row of a step's logits, with what sampling needs from it computed for every row at once:
+    one log_softmax and one argmax over [rows, V] cost far less than one of each per row."""
+
+    logits: torch.Tensor  # [V]
+    logprobs: torch.Tensor  # [V]: log_softmax(logits)
+    greedy_token: int  # argmax(logits)
+
+
+def step_rows(logits: torch.Tensor) -> list[StepRow]:
+    """logits [rows, V] -> one StepRow per row."""
+    logprobs = torch.log_softmax(logits.float(), dim=-1)  # [rows, V]
+    greedy = logits.argmax(dim=-1).tolist()  # [rows]
+    return [StepRow(row, lp, g) for row, lp, g in zip(logits, logprobs, greedy)]
+
+
+def sample(row: StepRow, seq, before: list[int] = ()) -> Sampled:
+    """seq's next token from ``row``, after its output and then ``before``. Penalties, a logit bias and
+    min_tokens (EOS and the stop token ids masked until the output has that many tokens) change which
+    token is chosen; the log-probabilities reported are those of the raw logits."""
+    params, output = seq.params, seq.output_ids + list(before)
+    logits, greedy_token = row.logits, row.greedy_token
+    if params.penalized:
+        logits = penalized_logits(logits, params, seq.prompt_ids, output)  # [V]
+        greedy_token = None  # the raw argmax no longer decides
+    if len(output) < params.min_tokens:  # EOS and the stop token ids cannot be chosen yet
+        logits = without_stop_tokens(logits, params, seq.eos_token_id)  # [V]
+        greedy_token = None
+    if params.greedy:
+        token = int(torch.argmax(logits)) if greedy_token is None else greedy_token
+    else:
+        token = sample_token(logits, params, seq.generator)
+    top = None
+    if params.logprobs is not None:
+        values, ids = torch.topk(row.logprobs, max(params.logprobs, 1))
+        top = {int(i): float(v) for i, v in zip(ids, values)}
+        top[token] = float(row.logprobs[token])
+    return Sampled(token, float(row.logprobs[token]), top)
+
+
+def ends(seq, tokens: list[int]) -> bool:
+    """Whether seq would end at the last of ``tokens`` (drawn after its output) by EOS, a stop token id
+    or its length. Stop strings need the text; the scheduler finds those when it appends."""
+    n, p, token = len(seq.output_ids) + len(tokens), seq.params, tokens[-1]
+    stops = n > p.min_tokens and ((token == seq.eos_token_id and not p.ignore_eos) or token in p.stop_token_ids)
+    return stops or n >= seq.max_new_tokens
+
+
+def step_outputs(work: list, draw, rank) -> list[SeqOutput]:
+    """One SeqOutput per planned sequence (step.py's ScheduledSeq), in order. ``draw(i, j, seq, before)``
+    gives seq's token from row j of planned sequence i; ``rank(i, work)`` a beam's candidates.
+
+    A prompt chunk with more to come gets nothing. A sequence gets its token from row 0, or, with a
+    draft, row by row while the model agrees with the guesses (spec/verify.py): one draw per token it
+    keeps, as plain decoding makes. The samples waiting to fork from it draw their first token from
+    row 0 too, each with its own generator."""
+    outputs = []
+    for i, w in enumerate(work):
+        if not w.completes:
+            outputs.append(SeqOutput())
+            continue
+        if w.beam_width:
+            outputs.append(SeqOutput(candidates=rank(i, w)))
+            continue
+        forks = [draw(i, 0, child, []) for child in w.forks]  # each with its own generator
+        if not w.draft:  # one row, one token
+            outputs.append(SeqOutput([draw(i, 0, w.seq, [])], forks))
+            continue
+        sampled: list[Sampled] = []
+
+        def emit(j, i=i, w=w, sampled=sampled):
+            sampled.append(draw(i, j, w.seq, [s.token_id for s in sampled]))
+            return sampled[-1].token_id, ends(w.seq, [s.token_id for s in sampled])
+
+        verify(w.draft, emit)
+        outputs.append(SeqOutput(sampled, forks))
+    return outputs

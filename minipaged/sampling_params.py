@@ -17,8 +17,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
-from minipaged.config import _is_int
-
 
 class RequestOutputKind(Enum):
     """What each RequestOutput of a request carries while it runs, as in vLLM."""
@@ -44,6 +42,11 @@ def _fail(name, value, allowed, owner="SamplingParams"):
 
 def _fail_beam(name, value, allowed):
     _fail(name, value, allowed, owner="BeamSearchParams")
+
+
+def _is_int(value) -> bool:
+    """A real int (not a bool)."""
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _is_number(value) -> bool:

@@ -27,8 +27,7 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=3)
     args = p.parse_args(argv)
 
-    from minipaged.attention.batched import BatchedAttention
-    from minipaged.attention.cpu_kernel import KernelAttention
+    from minipaged.attention.batched import BatchedAttention, KernelAttention
     from minipaged.attention.reference import paged_attention_reference
     from minipaged.model import kernels
 

@@ -130,7 +130,7 @@ def test_a_partial_copy_leaves_out_only_the_quotes_of_its_own_exercises(tmp_path
     assert set(copy.left_out.quotes) == {"03.1"}
     chapter = "chapters/03_block-table/README.md"
     text = (tmp_path / "copy" / chapter).read_text()
-    assert "exercise 03.1 asks you to write in `minipaged/kv/block_pool.py`" in text
+    assert "exercise 03.1 asks you to write in `minipaged/kv/block_table.py`" in text
     # 03.2 is not handed out: its quote stays
     assert "# minipaged/kv/block_table.py, BlockTablePolicy.append_slots" in text
 

@@ -9,7 +9,7 @@ The random search over the whole public API is tests/test_fuzz_api.py.
 import pytest
 
 from minipaged import LLM, BeamSearchParams, SamplingParams
-from minipaged.sequence import Sequence
+from minipaged.request import Sequence
 
 GREEDY = dict(temperature=0, ignore_eos=True)
 

@@ -7,23 +7,24 @@ Backends:
     "torch"          the naive PyTorch reference: gather through the block table, dense softmax (the oracle)
     "torch_batched"  the same math in a few batched tensor operations (batched.py): the fast CPU path
     "cpu"            decodes through one compiled C++ loop over the paged cache, prompts as
-                     torch_batched (cpu_kernel.py): chapter 10's kernel on a CPU
+                     torch_batched (batched.py's KernelAttention): chapter 10's kernel on a CPU
     "numba"          chapter 10's numba.cuda kernels (numba_backend.py, kernels/), loaded on first use; on a
                      machine without a GPU they run in numba's CUDA simulator
 
 A forward pass calls attention once per layer with the same block tables and lengths.
-``attention_for_step(backend, block_tables, context_lens, query_lens, block_size)`` returns the
-function a step calls in every layer, ``attend(q, k_cache, v_cache)``: a backend that registers a
-planner (the batched one does) builds what depends only on the tables and lengths once, there;
-the others get a plain call of their function.
+``step_attention(backend)``, looked up once by the runner, is what builds a step's attention from
+them: ``step_attention(backend)(block_tables, context_lens, query_lens, block_size)`` is the
+``attend(q, k_cache, v_cache)`` every layer of the step calls. A backend that registers a planner
+(the batched ones do) builds what depends only on the tables and lengths once, there; the others
+get a plain call of their function.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 
-from minipaged.attention.batched import BatchedAttention, paged_attention_batched
-from minipaged.attention.cpu_kernel import KernelAttention, paged_attention_cpu
+from minipaged.attention.batched import BatchedAttention, KernelAttention, paged_attention_batched, paged_attention_cpu
 from minipaged.attention.reference import paged_attention_reference
 
 _BACKENDS = {"torch": paged_attention_reference, "torch_batched": paged_attention_batched, "cpu": paged_attention_cpu}
@@ -34,7 +35,7 @@ _PLANNERS = {"torch_batched": BatchedAttention, "cpu": KernelAttention}
 
 def register_backend(name: str, fn, planner=None) -> None:
     """Make a backend selectable by name (the numba kernels register themselves this way); ``planner``
-    optionally builds a step's per-layer attention once (see attention_for_step)."""
+    optionally builds a step's per-layer attention once (see step_attention)."""
     _BACKENDS[name] = fn
     if planner is not None:
         _PLANNERS[name] = planner
@@ -71,9 +72,22 @@ def paged_attention(q, k_cache, v_cache, block_tables, context_lens, *, scale=No
     return _backend(backend)(q, k_cache, v_cache, block_tables, context_lens, scale=scale, query_lens=query_lens)
 
 
-def attention_for_step(backend: str, block_tables, context_lens, query_lens, block_size: int):
-    """The ``attend(q, k_cache, v_cache) -> out`` that every layer of one forward pass calls."""
+class _Unplanned:
+    """A step's attention for a backend with no planner: its function, called with the step's tables."""
+
+    def __init__(self, fn, block_tables, context_lens, query_lens, block_size: int):
+        self.fn, self.args = fn, (block_tables, context_lens)
+        self.query_lens = query_lens
+
+    def __call__(self, q, k_cache, v_cache):
+        return self.fn(q, k_cache, v_cache, *self.args, query_lens=self.query_lens)
+
+
+def step_attention(backend: str):
+    """What builds one step's attention for ``backend`` (ValueError naming the choices if it is not
+    known): called as ``(block_tables, context_lens, query_lens, block_size)``, it returns the
+    ``attend(q, k_cache, v_cache) -> out`` that every layer of the step calls."""
     fn = _backend(backend)
     if backend in _PLANNERS:
-        return _PLANNERS[backend](block_tables, context_lens, query_lens, block_size)
-    return lambda q, k_cache, v_cache: fn(q, k_cache, v_cache, block_tables, context_lens, query_lens=query_lens)
+        return _PLANNERS[backend]
+    return functools.partial(_Unplanned, fn)

@@ -5,7 +5,7 @@ one per chapter, all selectable by name through ``make_policy``:
 
     contiguous     ch01  one slab per request in one arena, first fit        contiguous.py
     fixed_blocks   ch02  fixed-size blocks, a contiguous run per request      fixed_blocks.py
-    block_table    ch03  block table: any free block, reserved up front       block_table.py, block_pool.py
+    block_table    ch03  block table: any free block, reserved up front       block_table.py
     on_demand      ch04  block table grown one block at a time                on_demand.py
     shared         ch05  on_demand + reference counts, fork, copy-on-write    shared.py
     prefix_caching ch07  shared + full blocks found again by their tokens     prefix_cache.py
@@ -19,8 +19,7 @@ from minipaged.kv.base import (
     Usage,
     reservation_tokens,
 )
-from minipaged.kv.block_pool import BlockPool
-from minipaged.kv.block_table import BlockTablePolicy
+from minipaged.kv.block_table import BlockPool, BlockTablePolicy
 from minipaged.kv.contiguous import ContiguousArena
 from minipaged.kv.factory import (
     ALL_POLICIES,

@@ -19,8 +19,7 @@ Not handled: choosing whom to preempt (the caller's job), sharing blocks (chapte
 from __future__ import annotations
 
 from minipaged.kv.base import NoFreeMemory, blocks_for
-from minipaged.kv.block_pool import BlockPool
-from minipaged.kv.block_table import BlockTable, BlockTablePolicy
+from minipaged.kv.block_table import BlockPool, BlockTable, BlockTablePolicy
 
 
 class OnDemandPolicy(BlockTablePolicy):

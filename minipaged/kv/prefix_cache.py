@@ -31,7 +31,7 @@ Promised blocks. A prompt's full blocks are findable from the moment the schedul
 slots, before the forward pass has written their K/V, so that a batch of prompts sharing a system
 prompt computes it once, in the very first step: the second prompt admitted in that step hits the
 first one's blocks. That is safe because the forward pass writes every new token's K and V into the
-cache before any sequence's attention reads it, layer by layer (kv/paged_cache.py's ``attend``).
+cache before any sequence's attention reads it, layer by layer (runner.py's ``attend``).
 Not earlier than the slots, though: a block that someone else holds too would be copied on write by
 its own first writer. If a sequence is freed before its prompt was written (an admission rolled
 back), its promised blocks leave the cache.

@@ -14,7 +14,7 @@ blocks and the processes are sequences:
 Only a partly filled last block is ever written into, so with block size B a fork costs nothing up
 front and at most one block copy per branch later. Full blocks stay shared until every holder is gone.
 
-The policy only keeps the books. The K/V data lives in the runner (kv/paged_cache.py); the scheduler
+The policy only keeps the books. The K/V data lives in the runner (runner.py); the scheduler
 puts ``drain_copies()`` in each step's plan, and the runner copies each (src, dst) block in every
 layer's K and V, in order, before any new token's K/V is written. Copies are recorded in the order they must
 happen; a copy whose destination is freed before it happens is dropped.
@@ -41,8 +41,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from minipaged.kv.base import NoFreeMemory, Usage, check_positive_int
-from minipaged.kv.block_pool import BlockPool
-from minipaged.kv.block_table import BlockTable
+from minipaged.kv.block_table import BlockPool, BlockTable
 from minipaged.kv.on_demand import OnDemandPolicy
 
 

@@ -7,7 +7,7 @@ are free then) and the request carries on exactly where it stopped. Nothing is r
 is the copying, twice, over the bus between the two memories.
 
 This module keeps only the books, like every policy: which CPU block holds which sequence's logical
-block. It returns the block copies to make, and the runner moves the K/V (kv/paged_cache.py). It
+block. It returns the block copies to make, and the runner moves the K/V (runner.py). It
 never touches the device pool: the scheduler takes the tables out of the KV policy and puts them
 back, and hands them over here:
 
@@ -29,7 +29,7 @@ swap-out can be handed to someone else in the same step; its old contents leave 
 Works with the block-table policies (block_table, on_demand, shared, prefix_caching): they declare
 ``can_swap``, let go of a sequence's blocks (``detach``) and take a swapped table back into fresh
 blocks (``attach_swapped``). The scheduler calls this module; it changes the device pool only
-through those two calls. It counts nothing: the scheduler counts the swaps (scheduler/output.py).
+through those two calls. It counts nothing: the scheduler counts the swaps (scheduler/continuous.py).
 Not handled: partial swapping (a request moves
 whole), swapping to disk; with a prefix cache (chapter 07), a block that other requests still hold
 is copied out and back in anyway, into a block of its own, so that sharing is lost after a swap.

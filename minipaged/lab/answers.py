@@ -381,7 +381,7 @@ def sample_every_chunk() -> dict:
     """A 20-token prompt in chunks of 8, 8 and 4 on the tiny model, greedy, 6 tokens: as it is, and with
     every chunk sampling a token (question 2); then what the answer says the wrong tokens are."""
     from minipaged import LLM, SamplingParams
-    from minipaged.scheduler.plan import ScheduledSeq
+    from minipaged.step import ScheduledSeq
 
     def greedy(llm, prompt, n):
         params = SamplingParams(temperature=0, max_tokens=n)
@@ -403,7 +403,6 @@ def _two_partial_prefills(self, plan) -> None:
     what the decodes leave while a waiting request could be admitted (question 4), so that the
     admission after it takes the other half."""
     from minipaged.scheduler.continuous import ContinuousScheduler
-    from minipaged.scheduler.plan import ScheduledSeq
 
     self._chunk_waits = False
     i = 0
@@ -428,8 +427,7 @@ def _two_partial_prefills(self, plan) -> None:
         elif self.policy.can_append_all(chunks):
             seqs = {s.seq_id: s for s in request.seqs}
             for seq_id, n in chunks:
-                plan.work.append(ScheduledSeq(seqs[seq_id], self.policy.num_tokens(seq_id),
-                                              self.policy.append_slots(seq_id, n)))
+                self._schedule_seq(request, seqs[seq_id], n, plan)
             i += 1
         elif plan.work:
             self._chunk_waits = True
@@ -474,14 +472,11 @@ def _one_block_at_admission(self, prompt_len, max_new_tokens, final_len) -> int:
 
 def _plan_what_fits(self, request, plan) -> None:
     """ChunkedPrefillScheduler._plan shortening each chunk to what the pool can give (question 5)."""
-    from minipaged.scheduler.plan import ScheduledSeq
-
     seqs = {s.seq_id: s for s in request.seqs}
     for seq_id, n in self._chunks(request, self._budget_left(plan)):
         while n > 1 and not self.policy.can_append_slots(seq_id, n):
             n -= 1
-        cached = self.policy.num_tokens(seq_id)
-        plan.work.append(ScheduledSeq(seqs[seq_id], cached, self.policy.append_slots(seq_id, n)))
+        self._schedule_seq(request, seqs[seq_id], n, plan)
 
 
 @answer("08/allocate_late")

@@ -9,22 +9,22 @@
                                                 speculative.py (chapter 09) drafts of guessed tokens for the
                                                                decoding sequences, checked by the engine
 
-All four own the requests (one ``Request`` each, request.py) and are the only callers of the KV
-policy's mutating methods. Each engine step they are called twice: ``schedule() -> StepPlan``
-(plan.py: who runs, their slots, the block copies to make) and, once the runner has executed the
-plan, ``update_from_output(plan, output, now)`` (output.py: tokens appended, stops, drafts checked,
-beams ranked, blocks freed). All four preempt by recompute or by swap (kv/swap.py). Like the KV
-policies, the schedulers are plain Python: they can be tested without a model.
+All four own the requests (one ``Request`` each, minipaged/request.py) and are the only callers of the
+KV policy's mutating methods. Each engine step they are called twice: ``schedule() -> StepPlan``
+(minipaged/step.py: who runs, their slots, the block copies to make) and, once the runner has executed
+the plan and sampled, ``update_from_output(plan, output, now)`` with the tokens it returned (tokens
+appended, stops, accepted guesses kept, beams ranked, blocks freed). All four preempt by recompute or
+by swap (kv/swap.py). Like the KV policies, the schedulers are plain Python: they can be tested
+without a model.
 """
 
 from minipaged.config import DEFAULT_CHUNKED_BUDGET, PREEMPTION_MODES, SCHEDULERS
+from minipaged.request import Request, RequestStatus
 from minipaged.scheduler.chunked import ChunkedPrefillScheduler
 from minipaged.scheduler.continuous import ContinuousScheduler
-from minipaged.scheduler.output import StepResult
-from minipaged.scheduler.plan import ScheduledSeq, StepPlan
-from minipaged.scheduler.request import Request, RequestStatus
 from minipaged.scheduler.speculative import SpeculativeScheduler
 from minipaged.scheduler.static import StaticScheduler
+from minipaged.step import ScheduledSeq, StepPlan, StepResult
 
 
 def make_scheduler(name: str, policy, enable_chunked_prefill: bool = False, speculative_config=None, **options):

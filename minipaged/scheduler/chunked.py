@@ -34,9 +34,9 @@ Not handled: several prompts part-way at once, sharing the budget (vLLM's
 from __future__ import annotations
 
 from minipaged.config import DEFAULT_CHUNKED_BUDGET, EngineArgs
+from minipaged.request import Request
 from minipaged.scheduler.continuous import ContinuousScheduler
-from minipaged.scheduler.plan import ScheduledSeq, StepPlan
-from minipaged.scheduler.request import Request
+from minipaged.step import StepPlan
 
 
 class ChunkedPrefillScheduler(ContinuousScheduler):
@@ -68,8 +68,7 @@ class ChunkedPrefillScheduler(ContinuousScheduler):
         """Slots for the request's next chunk (the caller has checked that it fits)."""
         seqs = {s.seq_id: s for s in request.seqs}
         for seq_id, n in self._chunks(request, self._budget_left(plan)):
-            cached = self.policy.num_tokens(seq_id)
-            plan.work.append(ScheduledSeq(seqs[seq_id], cached, self.policy.append_slots(seq_id, n)))
+            self._schedule_seq(request, seqs[seq_id], n, plan)
 
     def _decoding(self, request: Request) -> bool:
         return all(s.num_tokens - self.policy.num_tokens(s.seq_id) == 1 for s in request.seqs)

@@ -47,14 +47,23 @@ from __future__ import annotations
 import itertools
 from collections import deque
 
+from minipaged.beam_search import BeamSearchOutput, finish_output, plan_moves, select_beams, worst_case_blocks
 from minipaged.config import PREEMPTION_MODES, EngineArgs
 from minipaged.kv.base import NoFreeMemory
-from minipaged.scheduler.output import OutputMixin
-from minipaged.scheduler.plan import ScheduledSeq, StepPlan
-from minipaged.scheduler.request import Request, RequestStatus
+from minipaged.metrics import engine_metrics
+from minipaged.request import Request, RequestStatus
+from minipaged.step import ScheduledSeq, StepPlan, StepResult
+
+EVENTS = ("preemptions", "preempted_recompute", "preempted_swap", "swap_fallbacks", "refused", "blocks_swapped_out",
+          "blocks_swapped_in", "forks", "spec_seq_steps", "spec_draft_tokens", "spec_accepted_tokens")
+EVENT_METRICS = {"preemptions": "minipaged:num_preemptions", "refused": "minipaged:num_requests_refused",
+                 "blocks_swapped_out": "minipaged:blocks_swapped_out",
+                 "blocks_swapped_in": "minipaged:blocks_swapped_in",
+                 "spec_draft_tokens": "minipaged:spec_decode_num_draft_tokens",
+                 "spec_accepted_tokens": "minipaged:spec_decode_num_accepted_tokens"}
 
 
-class ContinuousScheduler(OutputMixin):
+class ContinuousScheduler:
     name = "continuous"
 
     def __init__(self, policy, *, max_num_seqs: int = EngineArgs.max_num_seqs,
@@ -73,8 +82,17 @@ class ContinuousScheduler(OutputMixin):
         self.swapped: deque[Request] = deque()
         self._uids = itertools.count()
         self.next_seq_id = itertools.count().__next__  # ids for the sequences of requests and beams
-        self._request_of: dict[int, Request] = {}  # seq_id -> the request that runs it (children too)
-        self._init_events(metrics)
+        self.metrics = metrics if metrics is not None else engine_metrics()
+        self.stats = dict.fromkeys(EVENTS, 0)  # every scheduling event, counted once where it happens
+        self._counters = {event: self.metrics.counter(name) for event, name in EVENT_METRICS.items()}
+
+    def _count(self, event: str, n: int = 1) -> None:
+        """Tally an event; the ones the metrics registry names (minipaged:num_preemptions, ...) go into
+        its counters by the same call."""
+        self.stats[event] = self.stats.get(event, 0) + n
+        counter = self._counters.get(event)
+        if counter is not None:
+            counter.inc(n)
 
     # ---- the queues ---------------------------------------------------------------------------
 
@@ -82,8 +100,6 @@ class ContinuousScheduler(OutputMixin):
         """Queue a request: its first sequence, and the samples to fork from it once its prompt is
         cached (``request.children``), or a beam search that starts from this one sequence."""
         request.uid = next(self._uids)
-        for s in [*request.seqs, *request.children]:
-            self._request_of[s.seq_id] = request
         self.waiting.append(request)
         return request
 
@@ -128,8 +144,16 @@ class ContinuousScheduler(OutputMixin):
     def _plan(self, request: Request, plan: StepPlan) -> None:
         """Slots for every uncached token of the request (the caller has checked they fit)."""
         for seq in request.seqs:
-            cached = self.policy.num_tokens(seq.seq_id)
-            plan.work.append(ScheduledSeq(seq, cached, self.policy.append_slots(seq.seq_id, seq.num_tokens - cached)))
+            self._schedule_seq(request, seq, seq.num_tokens - self.policy.num_tokens(seq.seq_id), plan)
+
+    def _schedule_seq(self, request: Request, seq, n: int, plan: StepPlan) -> ScheduledSeq:
+        """Plan seq's next n uncached tokens: their slots, and, once its prompt is all in, the samples
+        waiting to fork from it (chapter 05), whose first tokens the runner draws from the same row."""
+        work = ScheduledSeq(request, seq, self.policy.num_tokens(seq.seq_id), self.policy.append_slots(seq.seq_id, n))
+        if request.children and seq is request.seqs[0] and work.completes:
+            work.forks = list(request.children)
+        plan.work.append(work)
+        return work
 
     def _schedule_running(self, plan: StepPlan) -> None:
         # exercise 06.2: begin
@@ -251,8 +275,6 @@ class ContinuousScheduler(OutputMixin):
         A beam search cannot be split, so its worst case must fit whole."""
         if not request.beam_width or not self.policy.bounded:
             return None
-        from minipaged.beam_search import worst_case_blocks
-
         bs, num_blocks = self.policy.block_size, self.policy.num_blocks
         seq = request.seqs[0]
         worst = worst_case_blocks(len(seq.prompt_ids), seq.max_new_tokens, request.beam_width, bs)
@@ -295,7 +317,6 @@ class ContinuousScheduler(OutputMixin):
             return
         for seq in reversed(request.seqs[1:]):
             part = request.split(seq, next(self._uids))
-            self._request_of[seq.seq_id] = part
             self._on_split(request, part)
             self.waiting.appendleft(part)
         self.waiting.appendleft(request)
@@ -305,11 +326,8 @@ class ContinuousScheduler(OutputMixin):
         """A beam search preempted by recompute starts over from its prompt, as one sequence: its
         beams, prefilled again one by one, could need more memory than the search that shared them
         (the search is deterministic, so only its cost changes)."""
-        for old in request.seqs:
-            del self._request_of[old.seq_id]
         seq = request.seqs[0].restart(self.next_seq_id())
         request.seqs = [seq]
-        self._request_of[seq.seq_id] = request
         request.beam.restart(seq)
 
     def _queue_swapped(self, request: Request) -> None:
@@ -322,20 +340,11 @@ class ContinuousScheduler(OutputMixin):
         keeps the parts in its batch)."""
 
     def _refuse(self, request: Request, reason: str, plan: StepPlan) -> None:
-        """The request can never fit: it leaves with the reason, holding nothing."""
-        from minipaged.beam_search import BeamSearchOutput
-
-        for seq in [*request.seqs, *request.children]:
-            seq.finish_reason = "abort"
-            del self._request_of[seq.seq_id]
-            request.root.done.add(seq.seq_id)
-        request.seqs, request.children = [], []
-        request.status, request.refusal_reason = RequestStatus.REFUSED, reason
-        if request.beam is not None:
-            request.beam.output = BeamSearchOutput([], refused=reason)
+        """The request can never fit: it leaves the queues holding nothing, and the step's output
+        ends it (``update_from_output``) with the reason."""
+        request.refusal_reason = reason
         self._count("refused")
-        self._leave(request, RequestStatus.REFUSED)
-        plan.refused.append(request.root)
+        plan.refused.append(request)
 
     def abort(self, request: Request, now: float) -> None:
         """Drop the request wherever it is (waiting, running, swapped out; all its parts), with every
@@ -350,14 +359,179 @@ class ContinuousScheduler(OutputMixin):
                         self.policy.free(seq.seq_id)
                     if seq.seq_id in swapped:
                         self.swap_space.drop(seq.seq_id)
-                for seq in [*unit.seqs, *unit.children]:
-                    del self._request_of[seq.seq_id]
-                unit.seqs, unit.children, unit.status = [], [], RequestStatus.ABORTED
-                self._on_done(unit)
+                unit.seqs, unit.children = [], []
+                if unit is not request:
+                    self._leave(unit, RequestStatus.ABORTED, now)
         for seq in request.samples:
             if not seq.finished:
                 seq.finish_reason, seq.stop_reason, seq.finished_time = "abort", None, now
-        request.status, request.finished_time = RequestStatus.ABORTED, now
+        self._leave(request, RequestStatus.ABORTED, now)
 
     def _on_done(self, request: Request) -> None:
-        """Hook: the request has left (finished, refused or aborted)."""
+        """Hook: the request (or a part of one) has left (finished, refused or aborted)."""
+
+    # ---- the step's output ----------------------------------------------------------------------
+
+    def update_from_output(self, plan: StepPlan, output, now: float) -> StepResult:
+        """Apply what the runner returned (step.py's RunnerOutput) to the books, as vLLM V1's
+        ``Scheduler.update_from_output`` does. For each planned sequence, in plan order:
+
+            1. its tokens' K/V is written now: they are committed to the KV policy (a prefix cache,
+               chapter 07, makes the blocks they filled findable). This is the one place that commits;
+            2. a prompt chunk with more to come (chapter 08) stops here: it sampled nothing;
+            3. a beam (chapter 05) keeps its candidates; once every live beam of the search has its
+               own, the search ranks them (``_advance_beams``);
+            4. otherwise the samples waiting to fork from it are forked (chapter 05) and get their
+               first tokens, and it gets its own: one, or a draft's accepted guesses and one more
+               (chapter 09), whose rejected guesses' slots go back (``policy.truncate``);
+            5. a sequence that ended frees its blocks at once; its request ends once all its
+               samples have (``_leave``, the one place a request ends).
+
+        Returns a ``StepResult``: the requests that changed, in order, and what the core's metrics need."""
+        result = StepResult()
+        for request in plan.refused:
+            self._end_refused(request, now, result)
+        searches = {}
+        for work, out in zip(plan.work, output.seqs):
+            request, seq = work.request, work.seq
+            self.policy.commit_tokens(seq.seq_id, work.tokens[:work.num_own])
+            if not work.completes:  # chapter 08: a prompt chunk with more to come samples nothing yet
+                continue
+            if request.beam is not None:  # ranked once every beam of the search has its candidates
+                request.beam.rows[seq.seq_id] = out.candidates
+                searches[id(request)] = request
+                continue
+            for child, sampled in zip(self._fork(request, work), out.forks):
+                self._append(request, child, [sampled], now, result)
+                if child.finished:
+                    self._finish(request, child, now, result)
+            before = seq.num_tokens
+            kept = self._append(request, seq, out.sampled, now, result)
+            if work.draft:  # chapter 09: the right guesses keep their K/V, the others' slots go back
+                accepted = work.draft[:kept - 1]
+                self.policy.truncate(seq.seq_id, before + len(accepted))
+                self.policy.commit_tokens(seq.seq_id, accepted)
+                self._count("spec_accepted_tokens", len(accepted))
+            if seq.finished:
+                self._finish(request, seq, now, result)
+        for request in searches.values():
+            if request.beam.ready():
+                self._advance_beams(request, now, result)
+        return result
+
+    def _append(self, request: Request, seq, sampled: list, now: float, result: StepResult) -> int:
+        """Append the runner's tokens to seq until it ends (a stop string is found here, in the text);
+        returns how many it took. Notes when each came, and the request's first token."""
+        for n, s in enumerate(sampled, 1):
+            seq.append(s.token_id, s.logprob, s.top_logprobs)
+            if seq.token_times:
+                result.gaps.append(now - seq.token_times[-1])
+            seq.token_times.append(now)
+            if seq.first_token_time is None:
+                seq.first_token_time = now
+            self._tokens_came(request, seq.num_cached_tokens, 1, now, result)
+            if seq.finished:
+                return n
+        return len(sampled)
+
+    def _tokens_came(self, request: Request, cached: int, n: int, now: float, result: StepResult) -> None:
+        root = request.root
+        if root.first_token_time is None:  # its first token: the prompt is counted once, with its hit
+            root.first_token_time = now
+            result.first.append((root, cached))
+        result.num_tokens += n
+        result.changed[root.request_id] = None
+
+    def _fork(self, request: Request, work: ScheduledSeq) -> list:
+        """The samples waiting on this prompt, forked now that it is cached (chapter 05): they share its
+        blocks and run beside it from here on."""
+        if not work.forks:
+            return []
+        request.children = [c for c in request.children if c not in work.forks]
+        for child in work.forks:
+            self.policy.fork(work.seq.seq_id, child.seq_id)
+            request.seqs.append(child)
+        self._count("forks", len(work.forks))
+        return work.forks
+
+    def _finish(self, request: Request, seq, now: float, result: StepResult) -> None:
+        """seq is done: its blocks go back, and its request leaves once all its samples are done."""
+        self.policy.free(seq.seq_id)
+        request.seqs.remove(seq)
+        seq.finished_time = now
+        request.root.done.add(seq.seq_id)
+        result.changed[request.root.request_id] = None
+        if not request.seqs and not request.children:
+            self.running.remove(request)
+            self._leave(request, RequestStatus.FINISHED, now, result)
+
+    def _end_refused(self, request: Request, now: float, result: StepResult) -> None:
+        """A request the plan refused (``_refuse``) ends, with every sample it still had."""
+        for seq in [*request.seqs, *request.children]:
+            seq.finish_reason = "abort"
+            request.root.done.add(seq.seq_id)
+        request.seqs, request.children = [], []
+        if request.beam is not None:
+            request.beam.output = BeamSearchOutput([], refused=request.refusal_reason)
+        result.changed[request.root.request_id] = None
+        self._leave(request, RequestStatus.REFUSED, now, result)
+
+    def _leave(self, request: Request, status: RequestStatus, now: float, result: StepResult | None = None) -> None:
+        """The one place a request ends. ``request`` (or a part split off it) has left the queues; the
+        request the client sees ends once every one of its samples has, or at once if it is aborted.
+        A refused part makes the whole request refused, with the part's reason."""
+        self._on_done(request)
+        root = request.root
+        if request is not root:
+            request.status = status
+        if status is RequestStatus.REFUSED and root.refusal_reason is None:
+            root.refusal_reason = request.refusal_reason
+        if root.status.is_over or (status is not RequestStatus.ABORTED and len(root.done) < len(root.samples)):
+            return
+        refused = root.refusal_reason is not None and status is not RequestStatus.ABORTED
+        root.status = RequestStatus.REFUSED if refused else status
+        root.finished_time = now
+        if result is not None:
+            result.finished.append(root)
+
+    # ---- beam search (chapter 05) ---------------------------------------------------------------
+
+    def _advance_beams(self, request: Request, now: float, result: StepResult) -> None:
+        """One step of a beam search: rank every live beam's candidates (beam_search.py), then make
+        the K/V follow the new beams: the first child of a parent takes its blocks over, a further
+        one forks them, a parent nobody continues is freed. Ends the search after max_tokens steps
+        or when no live beam is left."""
+        state, p = request.beam, request.beam.params
+        candidates = [state.rows.pop(s.seq_id) for s in state.seqs]
+        chosen, complete = select_beams(state.beams, candidates, p.beam_width, state.eos_token_id, p.ignore_eos,
+                                        p.length_penalty)
+        state.complete += complete
+        state.steps += 1
+        self._tokens_came(request, state.seqs[0].num_cached_tokens, len(chosen) + len(complete), now, result)
+        if state.steps >= state.max_tokens or not chosen:  # done: the last tokens need no K/V
+            for seq in request.seqs:
+                seq.finish_reason = seq.finish_reason or "length"
+                self.policy.free(seq.seq_id)
+            request.seqs, state.seqs, state.beams = [], [], [beam for _, beam in chosen]
+            state.output = finish_output(state, state.eos_token_id)
+            self.running.remove(request)
+            self._leave(request, RequestStatus.FINISHED, now, result)
+            return
+        forks, pruned = plan_moves(chosen, len(state.seqs))
+        seqs = [self._fork_beam(request, state.seqs[parent]) if fork else state.seqs[parent]
+                for (parent, _), fork in zip(chosen, forks)]
+        for parent in pruned:  # nobody continues this beam: its blocks go back (shared ones lose a holder)
+            seq = state.seqs[parent]
+            self.policy.free(seq.seq_id)
+            request.seqs.remove(seq)
+        for (_, beam), seq in zip(chosen, seqs):
+            seq.append(beam.tokens[-1], None, beam.logprobs[-1])
+        state.beams, state.seqs = [beam for _, beam in chosen], seqs
+
+    def _fork_beam(self, request: Request, parent):
+        """A beam branches: a new sequence that starts with parent's blocks (shared, nothing copied)."""
+        child = parent.fork(self.next_seq_id())
+        self.policy.fork(parent.seq_id, child.seq_id)
+        request.seqs.append(child)
+        self._count("forks")
+        return child

@@ -6,8 +6,8 @@ step, this one goes back over the sequences that are decoding and, for each, ask
 (spec/ngram.py) for up to ``num_speculative_tokens`` guesses of what comes next. The guesses get
 slots right after the sequence's own token, so the forward pass computes them in the same step,
 each attending to the tokens before it, exactly as if they had been generated already. The engine
-checks them when it applies the step's output (scheduler/output.py,
-spec/verify.py) and gives back the slots of the wrong ones (``policy.truncate``).
+checks them as it samples (sampling.py's step_outputs, spec/verify.py), the scheduler keeps the
+right ones when it applies the step's output and gives back the slots of the wrong ones (``policy.truncate``).
 
 Drafts take memory last, after every decode and admission of the step has its slots, so a guess
 never makes anyone wait or be preempted in the step it is planned in (an accepted guess keeps its
@@ -26,8 +26,8 @@ right.
 from __future__ import annotations
 
 from minipaged.scheduler.continuous import ContinuousScheduler
-from minipaged.scheduler.plan import ScheduledSeq, StepPlan
 from minipaged.spec.ngram import propose_ngram
+from minipaged.step import ScheduledSeq, StepPlan
 
 
 class SpeculativeScheduler(ContinuousScheduler):
@@ -53,8 +53,7 @@ class SpeculativeScheduler(ContinuousScheduler):
                 self._count("spec_draft_tokens", len(draft))
 
     def _draft(self, work: ScheduledSeq) -> list[int]:
-        seq = work.seq
-        request = self._request_of[seq.seq_id]
+        seq, request = work.seq, work.request
         if work.is_prefill or request.num_seqs != 1 or request.beam is not None:  # beams are ranked, not verified
             return []
         room = seq.max_new_tokens - len(seq.output_ids) - 1  # tokens it may emit after this step's own

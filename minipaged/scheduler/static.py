@@ -15,8 +15,8 @@ Not handled: padding (finished sequences here simply stop computing and free the
 
 from __future__ import annotations
 
+from minipaged.request import Request
 from minipaged.scheduler.continuous import ContinuousScheduler
-from minipaged.scheduler.request import Request
 
 
 class StaticScheduler(ContinuousScheduler):

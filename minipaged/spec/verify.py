@@ -11,9 +11,10 @@ until the first disagreement:
 
 So a step emits between 1 and k + 1 tokens, and they are the tokens plain greedy decoding gives, one
 by one. ``verify`` runs that loop with the engine's own sampler, so that everything plain decoding
-does per token (EOS, stop strings, max_tokens, min_tokens, logprobs) happens here too, and stops
-early if the sequence finishes; ``accept_greedy`` is the same loop on a list of argmaxes. The engine
-then gives back the slots of the rejected drafts.
+does per token (EOS, stop tokens, max_tokens, min_tokens, logprobs) happens here too, and stops
+early if the sequence ends (a stop string, which needs the text, is found where the scheduler
+appends the tokens, and the ones after it are dropped); ``accept_greedy`` is the same loop on a
+list of argmaxes. The engine then gives back the slots of the rejected drafts.
 
 Sampling (temperature > 0) works the same way: sample row 0 with the request's own generator; if
 the sample equals the first guess, row 1 is valid and is sampled next, and so on. Every emitted token
@@ -32,8 +33,9 @@ from __future__ import annotations
 
 
 def verify(draft: list[int], emit) -> int:
-    """The loop above. ``emit(j)`` appends the model's own token for row j to the sequence and
-    returns (that token, whether the sequence is finished now). Returns how many tokens it emitted."""
+    """The loop above. ``emit(j)`` draws the model's own token from row j (after the ones emitted
+    before it) and returns (that token, whether the sequence ends with it). Returns how many tokens
+    it emitted."""
     # exercise 09.1: begin
     for j, guess in enumerate(draft):
         token, finished = emit(j)

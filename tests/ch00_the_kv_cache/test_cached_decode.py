@@ -6,8 +6,8 @@ import torch
 from minipaged.engine import NaiveEngine
 from minipaged.kv.per_request import BatchOfCaches, NoCache, PerRequestKVCache
 from minipaged.model import load_model
+from minipaged.request import Sequence
 from minipaged.sampling_params import SamplingParams
-from minipaged.sequence import Sequence
 
 
 def greedy(engine, prompt_ids, max_tokens):

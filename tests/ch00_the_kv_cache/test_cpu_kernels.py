@@ -110,7 +110,8 @@ def test_write_kv_stores_rows_in_their_slots_and_checks_them():
 @pytest.mark.parametrize("cfg", [TINY, SMOLLM2_135M], ids=["tiny", "smollm2-shapes"])
 def test_a_whole_forward_pass_gives_the_same_logits(cfg):
     """Prefill then decodes through a paged cache, with the model's real shapes (random weights)."""
-    from minipaged.kv.paged_cache import PagedBatch, PagedKVCache
+    from minipaged.attention import step_attention
+    from minipaged.runner import PagedBatch, PagedKVCache
 
     model = random_model(cfg if cfg is TINY else cfg.__class__(**{**cfg.__dict__, "num_layers": 3}))
     logits = {}
@@ -118,10 +119,10 @@ def test_a_whole_forward_pass_gives_the_same_logits(cfg):
         cache = PagedKVCache(model.config, num_blocks=8, block_size=4)
         prompt = torch.tensor([3, 1, 4, 1, 5, 9, 2])
         with kernels.enabled(on):
-            backend = "cpu" if on else "torch"  # the kernel against the reference attention
-            batch = PagedBatch(cache, list(range(7)), [[0, 1]], [7], [7], backend=backend)
+            attention = step_attention("cpu" if on else "torch")  # the kernel against the reference
+            batch = PagedBatch(cache, list(range(7)), [[0, 1]], [7], [7], attention)
             first = model(prompt, torch.arange(7), batch, logits_rows=torch.tensor([6]))
-            batch = PagedBatch(cache, [7], [[0, 1]], [8], [1], backend=backend)
+            batch = PagedBatch(cache, [7], [[0, 1]], [8], [1], attention)
             second = model(torch.tensor([6]), torch.tensor([7]), batch)
         logits[on] = torch.cat([first, second])
     torch.testing.assert_close(logits[True], logits[False], rtol=1e-4, atol=1e-4)

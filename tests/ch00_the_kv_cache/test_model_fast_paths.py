@@ -69,7 +69,7 @@ def test_one_row_and_many_rows_give_the_same_logits():
 
 
 def test_step_rows_equal_one_row_at_a_time():
-    from minipaged.runner import step_rows
+    from minipaged.sampling import step_rows
 
     logits = torch.randn(6, 300)
     logits[2, 17] = logits[2, 40] = logits[2].max() + 1  # a tie: the first index wins, as argmax says

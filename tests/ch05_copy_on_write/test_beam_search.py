@@ -24,8 +24,10 @@ from minipaged.beam_search import BeamSearchOutput, BeamSearchParams, beam_score
 from minipaged.config import EngineArgs
 from minipaged.core import EngineCore
 from minipaged.kv import SharedPolicy
+from minipaged.lab.simulator.runner import SyntheticRunner
 from minipaged.metrics import find
-from minipaged.runner import StepOutput, SyntheticRunner
+from minipaged.sampling import step_outputs
+from minipaged.step import RunnerOutput, Sampled
 
 TOY_VOCAB, TOY_EOS = 9, 0
 
@@ -77,11 +79,9 @@ class ToyRunner(SyntheticRunner):
                 assert self.policy.ref_count(slot // bs) == 1, "a write into a shared block"
             self.memory.update(zip(work.slots, work.tokens))
         self.policy.check_invariants()
-        rows = [[[self.memory[s] for s in self.policy.token_slots(work.seq.seq_id)]] for work in plan.work]
-        return StepOutput(rows, self.append_token, self.beam_candidates)
-
-    def beam_candidates(self, rows, width, temperature):
-        return [toy_logprobs(history)[:2 * width] for history in rows]
+        histories = [[self.memory[s] for s in self.policy.token_slots(work.seq.seq_id)] for work in plan.work]
+        return RunnerOutput(step_outputs(plan.work, lambda i, j, seq, before: Sampled(7),
+                                         lambda i, work: toy_logprobs(histories[i])[:2 * work.beam_width]))
 
 
 def toy_beam_search(policy, prompts, params):

@@ -73,8 +73,7 @@ def test_engine_tokens_equal_the_reference_backend(mode):
 def test_cpu_kernel_takes_the_short_queries_and_sdpa_the_prompts():
     """Decodes and drafts (up to SHORT_QUERY tokens) go to the compiled kernel, each longer prompt to
     SDPA; bf16 queries, for which the kernel is not compiled, take SDPA too and still agree."""
-    from minipaged.attention.batched import SHORT_QUERY, _Group
-    from minipaged.attention.cpu_kernel import KernelAttention, _KernelGroup
+    from minipaged.attention.batched import SHORT_QUERY, KernelAttention, _Group, _KernelGroup
 
     q, k, v, tables, ctx, qlen = random_case(1, 9, 3, 4, [30, 20, 60, 5], [1, SHORT_QUERY, 40, 5])
     plan = KernelAttention(tables, ctx, qlen, 4)

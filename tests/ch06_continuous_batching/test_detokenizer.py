@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 
 from minipaged.detokenizer import IncrementalDetokenizer
 from minipaged.model.tokenizer import ByteTokenizer
+from minipaged.request import Sequence
 from minipaged.sampling_params import SamplingParams
-from minipaged.sequence import Sequence
 
 BYTES = ByteTokenizer()
 ALPHABET = "ab \n日é😀"  # 1-, 2-, 3- and 4-byte UTF-8 characters
@@ -96,10 +96,10 @@ def test_stop_strings_taken_from_the_text(ids, include, skip, data):
 def test_same_text_as_sequence(ids, stop, include, skip):
     params = SamplingParams(max_tokens=len(ids) + 1, ignore_eos=True, stop=stop or None,
                             include_stop_str_in_output=include, skip_special_tokens=skip)
-    seq = Sequence(0, [1], params, eos_token_id=-1, max_model_len=10_000)
+    seq = Sequence(0, [1], params, eos_token_id=-1, max_model_len=10_000, tokenizer=BYTES)
     d = IncrementalDetokenizer(BYTES, skip, stop, include)
     for t in ids:
-        seq.append(t, BYTES)
+        seq.append(t)
         reason = d.add(t)
         assert d.text == seq.text and reason == seq.stop_reason
         if seq.finished:

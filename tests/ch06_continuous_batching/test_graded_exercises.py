@@ -11,18 +11,13 @@ can be counted by hand; the comments do the counting.
 """
 
 from minipaged.kv import make_policy
-from minipaged.runner import StepOutput
+from minipaged.lab.simulator.runner import SyntheticRunner
+from minipaged.request import Sequence
 from minipaged.sampling_params import SamplingParams
 from minipaged.scheduler import ContinuousScheduler, Request, StaticScheduler
-from minipaged.scheduler.plan import StepPlan
-from minipaged.sequence import Sequence
+from minipaged.step import StepPlan
 
 BS = 4
-
-
-class NoText:
-    def decode(self, ids, skip_special_tokens=True):
-        return ""
 
 
 def policy(num_blocks, name="on_demand"):
@@ -49,9 +44,7 @@ def add(sched, first, children=(), beam=None):
 def sample_tokens(sched, plan):
     """What the engine does after the forward pass: every row samples token 7, and the scheduler
     applies that output (forks, one token per completed sequence, finishes)."""
-    output = StepOutput([[None] * (1 + len(w.draft)) for w in plan.work], lambda s, row: s.append(7, NoText()),
-                        lambda rows, width, t: [[(7 + i, -1.0 - i) for i in range(2 * width)] for _ in rows])
-    sched.update_from_output(plan, output, 0.0)
+    sched.update_from_output(plan, SyntheticRunner().execute(plan), 0.0)
     sched.policy.check_invariants()
     return plan
 
@@ -143,7 +136,7 @@ def test_preempted_samples_come_back_as_one_request_each_in_order():
     assert len({g.uid for g in parts}) == 3  # each part is a request of its own
     assert all(not g.children and g.beam is None for g in parts)
     assert all(g.root is group for g in parts)  # the client's request is still the first one
-    assert all(sched._request_of[x.seq_id] is g for x, g in zip(s, parts))  # its tokens find each one's part
+    assert all(g.seqs == [x] for x, g in zip(s, parts))  # each part runs one sample, in the request's order
     assert sorted((id(old), id(part)) for old, part in sched.splits) == sorted((id(group), id(p)) for p in parts[1:])
 
 

@@ -14,7 +14,7 @@ request that cannot come back into an empty pool is recomputed instead.
 
 Two layers:
 
-* the real engine core (core.py) with the model-free ``SyntheticRunner`` (runner.py), for many
+* the real engine core (core.py) with the model-free ``SyntheticRunner`` (minipaged/lab/simulator/runner.py), for many
   random cases. Its next token is a fixed function of the sample's index and its tokens so far, so
   every served sample's output is known in closed form: a token lost or repeated across a
   preemption, a fork or a chunk shows up as a wrong output. Some requests stop at an EOS token.
@@ -37,7 +37,7 @@ from minipaged import LLM, SamplingParams
 from minipaged.config import EngineArgs
 from minipaged.core import EngineCore
 from minipaged.kv import make_policy
-from minipaged.runner import StepOutput, SyntheticRunner
+from minipaged.lab.simulator.runner import SyntheticRunner
 from minipaged.scheduler import RequestStatus
 
 POLICIES = ["on_demand", "shared", "prefix_caching", "block_table"]
@@ -118,7 +118,6 @@ class KVTrackingRunner(SyntheticRunner):
     def execute(self, plan):
         self._copy(self.device, self.host, plan.swap_out)
         self._copy(self.host, self.device, plan.swap_in)
-        self.num_copies += len(plan.copies)
         self._copy(self.device, self.device, plan.copies)
         for work in plan.work:
             marks = prefix_marks(work.seq.all_ids[:work.cached + work.num_own])
@@ -132,9 +131,7 @@ class KVTrackingRunner(SyntheticRunner):
             assert len(read) == len(want) and not bad, (
                 f"seq {seq.seq_id} (request sample {seq.index}) reads back wrong K/V at positions {bad[:8]} of "
                 f"{len(want)} (its step computes {work.cached}..{work.cached + work.num_own})")
-        self.last_num_tokens = plan.num_tokens
-        return StepOutput([[None] * (1 + len(work.draft)) for work in plan.work], self.append_token,
-                          self.beam_candidates)
+        return super().execute(plan)  # the tokens, as the synthetic runner draws them
 
 
 def build_core(args: EngineArgs, max_model_len: int) -> EngineCore:

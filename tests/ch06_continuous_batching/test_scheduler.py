@@ -10,15 +10,10 @@ from minipaged.kv import make_policy
 from minipaged.kv.swap import SwapSpace
 from minipaged.lab.simulator.serving import simulate_serving
 from minipaged.lab.simulator.workloads import Request, make_workload
+from minipaged.request import Sequence
 from minipaged.sampling_params import SamplingParams
 from minipaged.scheduler import ContinuousScheduler, StaticScheduler, make_scheduler
 from minipaged.scheduler import Request as EngineRequest
-from minipaged.sequence import Sequence
-
-
-class NoText:
-    def decode(self, ids, skip_special_tokens=True):
-        return ""
 
 
 def seq(seq_id, prompt_len, max_tokens, max_model_len=256):
@@ -181,7 +176,7 @@ def test_the_scheduler_plans_slots_the_policy_really_handed_out():
     plan = sched.schedule()
     assert [(w.seq.seq_id, w.cached, w.num_new) for w in plan.work] == [(0, 0, 6), (1, 0, 3)]
     assert plan.work[0].slots == policy.token_slots(0)
-    a.append(5, NoText())
-    b.append(5, NoText())
+    a.append(5)
+    b.append(5)
     plan = sched.schedule()
     assert [(w.seq.seq_id, w.cached, w.num_new) for w in plan.work] == [(0, 6, 1), (1, 3, 1)]

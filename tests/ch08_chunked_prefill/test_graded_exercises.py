@@ -3,10 +3,10 @@ the chunk planner and the chunked scheduler's pass over the running requests, st
 plans worked out by hand. No model: the scheduler and a KV policy alone."""
 
 from minipaged.kv import make_policy
-from minipaged.runner import SyntheticRunner
+from minipaged.lab.simulator.runner import SyntheticRunner
+from minipaged.request import Sequence
 from minipaged.sampling_params import SamplingParams
 from minipaged.scheduler import Request, make_scheduler
-from minipaged.sequence import Sequence
 
 BS = 4
 

@@ -20,11 +20,11 @@ def test_notebook_planner_matches_the_scheduler(rederive, seed):
     budget = max_num_seqs + rng.randint(0, 20)
     # the notebook's own driver would also work, but here the scheduler is driven independently
     from minipaged.kv import make_policy
-    from minipaged.runner import SyntheticRunner
+    from minipaged.lab.simulator.runner import SyntheticRunner
+    from minipaged.request import Sequence
     from minipaged.sampling_params import SamplingParams
     from minipaged.scheduler import Request as EngineRequest
     from minipaged.scheduler import make_scheduler
-    from minipaged.sequence import Sequence
 
     policy = make_policy("on_demand", num_slots=4096, block_size=4, max_model_len=128)
     sched = make_scheduler("continuous", policy, enable_chunked_prefill=True, max_num_batched_tokens=budget,

@@ -15,10 +15,10 @@ from hypothesis import strategies as st
 
 from minipaged.kv import make_policy
 from minipaged.kv.swap import SwapSpace
-from minipaged.runner import SyntheticRunner
+from minipaged.lab.simulator.runner import SyntheticRunner
+from minipaged.request import Sequence
 from minipaged.sampling_params import SamplingParams
 from minipaged.scheduler import Request, make_scheduler
-from minipaged.sequence import Sequence
 
 BS = 2
 

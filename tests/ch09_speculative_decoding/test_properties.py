@@ -16,11 +16,12 @@ from hypothesis import strategies as st
 
 from minipaged.kv import make_policy
 from minipaged.kv.swap import SwapSpace
-from minipaged.runner import StepOutput
+from minipaged.request import Sequence
+from minipaged.sampling import step_outputs
 from minipaged.sampling_params import SamplingParams
 from minipaged.scheduler import Request, make_scheduler
-from minipaged.sequence import Sequence
 from minipaged.spec import SpeculativeConfig
+from minipaged.step import RunnerOutput, Sampled
 
 BS = 2
 
@@ -86,7 +87,10 @@ def serve(requests, *, policy_name, num_blocks, max_num_seqs, mode, k, right, se
             assert read == [tuple(ids[:i + 1]) for i in range(len(ids))], f"seq {seq.seq_id} reads wrong K/V"
             # row j: what was read at the position of the own token + j; its next token follows from it
             rows.append([read[w.cached + w.num_own - 1 + j] for j in range(1 + len(w.draft))])
-        output = StepOutput(rows, lambda seq, row: seq.append(next_token(row), None), None)
+        def draw(i, j, seq, before, rows=rows):
+            return Sampled(next_token(rows[i][j]))
+
+        output = RunnerOutput(step_outputs(plan.work, draw, None))
         sched.update_from_output(plan, output, 0.0)  # verifies the drafts, gives back the rejected slots
         policy.check_invariants()
         for g in sched.running:  # after the step no sequence holds a slot for a rejected guess

@@ -15,9 +15,9 @@ import time
 from minipaged.engine import NaiveEngine
 from minipaged.lab import capture
 from minipaged.model import load_model
+from minipaged.request import Sequence
 from minipaged.sampling import make_generator
 from minipaged.sampling_params import SamplingParams
-from minipaged.sequence import Sequence
 
 DEFAULT_PROMPT = "Explain in a few sentences why the sky is blue."
 

@@ -4,7 +4,7 @@ A chapter holds two kinds of answer:
 
     worked answers   <details markdown="1"><summary>Answer</summary> ... </details> under an open
                      question: replaced by one line saying the answer is in the instructor's copy
-    quoted solutions a ```python block whose first line names a file (``# minipaged/kv/block_pool.py,
+    quoted solutions a ```python block whose first line names a file (``# minipaged/kv/block_table.py,
                      BlockPool.take``) and that quotes a line of a region being stubbed: replaced by a
                      pointer to the file the student is writing
 
@@ -71,7 +71,7 @@ def quoted_exercises(path: str, body: str, solutions: dict[str, dict[str, set[st
 def strip_answers(text: str, solutions: dict[str, dict[str, set[str]]]) -> tuple[str, LeftOut]:
     """``text`` without its worked answers, and with each quote of a solution replaced by a pointer.
 
-    ``solutions`` maps a file (``minipaged/kv/block_pool.py``) to {exercise id: its solution lines}
+    ``solutions`` maps a file (``minipaged/kv/block_table.py``) to {exercise id: its solution lines}
     for the exercises being stubbed (``solution_lines`` makes the sets).
     """
     text, answers = ANSWER.subn(lambda m: m["indent"] + ANSWER_NOTE, text)

@@ -36,7 +36,7 @@ def synthetic_core(policy, *, scheduler: str = "continuous", max_num_seqs: int =
     """An EngineCore over ``policy`` with the SyntheticRunner (token_of(seq) gives each next token)."""
     from minipaged.config import EngineArgs
     from minipaged.core import EngineCore
-    from minipaged.runner import SyntheticRunner
+    from minipaged.lab.simulator.runner import SyntheticRunner
 
     args = EngineArgs(model="synthetic", kv_policy=policy.name, block_size=policy.block_size,
                       kv_capacity_tokens=policy.num_slots, scheduler=scheduler, max_num_seqs=max_num_seqs,

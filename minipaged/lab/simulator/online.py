@@ -45,7 +45,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
-from minipaged.runner import SyntheticRunner
+from minipaged.lab.simulator.runner import SyntheticRunner
 
 # key -> (label, EngineArgs fields that differ from the engine's defaults)
 SYSTEMS = {
@@ -135,8 +135,8 @@ class _TimedRunner(SyntheticRunner):
     def execute(self, plan):
         out = super().execute(plan)
         if plan.work:
-            self.last_forward_seconds = self.step_model.seconds(plan.num_tokens, len(plan.work))
-            self.now += self.last_forward_seconds
+            out.forward_seconds = self.step_model.seconds(plan.num_tokens, len(plan.work))
+            self.now += out.forward_seconds
         return out
 
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 from minipaged.config import EngineArgs
 from minipaged.core import EngineCore
-from minipaged.runner import SyntheticRunner
+from minipaged.lab.simulator.runner import SyntheticRunner
 from minipaged.sampling_params import SamplingParams
 from minipaged.scheduler import RequestStatus
 

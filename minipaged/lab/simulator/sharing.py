@@ -147,7 +147,7 @@ def simulate_parallel(policy: SharedPolicy, requests: list[Request], n: int, see
 
     When a sample finds no free block the scheduler preempts the newest request by recompute: its
     samples come back one by one, each prefilled on its own (chapter 06)."""
-    from minipaged.runner import SyntheticRunner
+    from minipaged.lab.simulator.runner import SyntheticRunner
     from minipaged.sampling_params import SamplingParams
 
     if policy.seq_ids():
@@ -191,7 +191,7 @@ def synthetic_candidates(seed: int):
 def simulate_beam(policy: SharedPolicy, requests: list[Request], width: int, seed: int = 0) -> SharingResult:
     """Every request runs a beam search of this width for its trace output length, in the engine core
     with synthetic next-token log-probabilities (``synthetic_candidates``)."""
-    from minipaged.runner import SyntheticRunner
+    from minipaged.lab.simulator.runner import SyntheticRunner
 
     if policy.seq_ids():
         raise ValueError("policy must be empty when the simulation starts")

@@ -13,7 +13,7 @@ EXERCISES = [
              "RequestStatus.WAITING, so that it is prefilled again before anything new is admitted. A beam search "
              "(request.beam is not None) goes back whole, after self._restart_beams(request) has made it start "
              "over from its prompt. Otherwise each sequence after the first becomes a request of its own, "
-             "request.split(seq, next(self._uids)), recorded in self._request_of and announced with "
+             "request.split(seq, next(self._uids)), announced with "
              "self._on_split(request, part); `request` keeps only its first sequence, and the queue must then "
              "start with request, then the parts in their original order.",
         hint="appendleft puts a request at the front, so add the parts last one first, then `request` itself; "

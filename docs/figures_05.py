@@ -25,7 +25,7 @@ import os
 from minipaged import LLM
 from minipaged.kv import SharedPolicy
 from minipaged.lab.plots import plot_block_sharing, plot_refcount_map
-from minipaged.metrics import find
+from minipaged.metrics_reader import find
 from minipaged.sampling_params import BeamSearchParams
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

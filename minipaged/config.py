@@ -13,7 +13,7 @@ by name, for example ``EngineArgs(kv_policy="per_request")`` for chapter 00's on
 
 Each option has its default here, once (a scheduler built by hand reads the same defaults). Adding a
 chapter's option means adding a field here, with its check in ``validate``, and reading it where
-the engine core or ``build_core`` (llm_engine.py) builds the policy, scheduler or runner it
+the engine core or ``build_core`` (build.py) builds the policy, scheduler or runner it
 configures. The parts check what they are handed too (a policy its sizes, a scheduler its mode),
 for callers that build them by hand, but only ``validate`` knows how the options combine.
 

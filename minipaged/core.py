@@ -6,42 +6,23 @@
         changed = core.step()          # ids of the requests that got tokens, finished or were refused
     core.abort_request(["r2"])         # its blocks are back in the pool before the next step
 
-Each step, as vLLM V1's:
+Each step, as vLLM V1's, passes plain data (step.py):
 
-    plan = scheduler.schedule()                         who runs, the slots of their new tokens, the
-                                                        block copies (scheduler/, kv/)
-    output = runner.execute(plan)                       block copies, one forward pass, the tokens
-                                                        sampled (runner.py, sampling.py)
-    result = scheduler.update_from_output(plan, output) tokens appended, stops, right guesses kept,
-                                                        beams ranked, blocks freed
+    plan = scheduler.schedule()                         StepPlan: who runs, their slots, block copies
+    output = runner.execute(plan)                       RunnerOutput: the tokens sampled
+    result = scheduler.update_from_output(plan, output) StepResult: tokens appended, stops, blocks freed
 
-The three pass plain data (step.py): a StepPlan, a RunnerOutput (token ids, logprobs, the pass's time
-and tokens), a StepResult. The scheduler owns every request (one ``Request`` each, request.py) and is
-the only caller of the KV policy's mutating methods; the runner only reads the block tables. Admission, the
-watermark, the token budget, chunks (chapter 08), drafts (chapter 09), beam search (chapter 05) and
-preemption (recompute, swap) all happen in the scheduler: the step has no branch for any of them.
+The scheduler owns every request and is the only caller of the KV policy's mutating methods; the
+runner only reads the block tables. Admission, chunks (chapter 08), drafts (chapter 09), beams
+(chapter 05) and preemption all happen in the scheduler: the step has no branch for any of them.
+The core builds requests, with one seeded generator per sample (``sample_seed(seed, i)``, so the
+outputs are the same whether the samples share blocks or not), and counts the metrics (metrics.py)
+from each step's result. With a policy that shares blocks (chapter 05) the first sample is
+prefilled and the others are forked from it once its prompt is cached.
 
-The core builds requests (their n samples, each with its seeded generator), and keeps the metrics
-registry (metrics.py) up to date from each step's result: tokens, latencies, requests running and
-waiting, KV usage. The scheduler counts its own events (preemptions, swaps, refusals, forks) into
-the same registry. A benchmark that needs one record per step subscribes a recorder
-(``core.metrics.recording()``).
-
-Parallel sampling. With a policy that shares blocks (chapter 05) the n samples of a request are one
-request whose first sample is prefilled; the others wait beside it and are forked from it (same
-blocks, no copy) when its prompt is cached, then each samples its first token from the prompt's
-logits with its own generator. Other policies run the n samples side by side, unshared. Sample i
-always draws from a generator seeded with ``sample_seed(seed, i)``, so the outputs are the same
-either way.
-
-The same core runs the model (ModelRunner), chapter 00's per-sequence memory (PerRequestRunner) and
-the simulators (minipaged/lab/simulator/runner.py's SyntheticRunner): one loop, whatever executes the
-plan.
-
-Not handled yet: priorities, several engine cores (data parallelism), pipelining a step's scheduling
-with the previous step's forward pass.
+Not handled yet: priorities, several engine cores, overlapping a step's scheduling with the last
+step's forward pass.
 """
-
 from __future__ import annotations
 
 import time

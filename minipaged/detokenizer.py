@@ -1,33 +1,23 @@
 """Incremental detokenization: turn a stream of generated token ids into text a client can be shown.
 
-Re-decoding every output id after each new token and searching the whole text for stop strings is
-simple, but quadratic in the output length. `IncrementalDetokenizer` (which `Sequence.append` uses)
-gives the same text (`.text` always equals `tokenizer.decode(ids)` cut at the earliest stop string)
-while doing work proportional to each new token:
+Decoding every output id again after each new token, and searching the whole text for stop strings,
+is quadratic in the output's length. ``IncrementalDetokenizer`` gives the same text (``.text`` equals
+``tokenizer.decode(ids)`` cut at the earliest stop string) with work proportional to each new token:
 
-- decoding: two offsets into the ids. Text before `read` is committed and never decoded again. Each
-  step decodes the window `ids[prefix:]` and removes the (cached) text of `ids[prefix:read]`; the
-  tokens before `read` give the window its context. When the new text does not end in U+FFFD (the
-  replacement character a partial UTF-8 sequence decodes to) it is committed and the offsets move on;
-  otherwise it stays pending, because the next token may complete the character.
-- stop strings: a match that lies wholly inside text already searched was found then, so a new match
-  must end in the new text: only the last len(new text) + max_stop_len - 1 characters are searched.
-- streaming: `stream_text` / `delta()` show committed text only (never a trailing partial character)
-  and, until the request ends, hold back the last max_stop_len - 1 committed characters, which a stop
-  string found later could still cut away. With include_stop_str_in_output nothing needs holding back:
-  the cut then falls after the stop string, which ends in text not yet committed. Shown text is thus
-  never taken back; `finish()` releases the rest.
+- decoding: text before the offset ``read`` is committed; each step decodes the window
+  ``ids[prefix:]`` and removes the text of ``ids[prefix:read]``. New text that ends in U+FFFD (half a
+  UTF-8 character) stays pending until the next token completes it.
+- stop strings: a new match must end in the new text, so only its last len(new) + max_stop_len - 1
+  characters are searched.
+- streaming: ``stream_text`` / ``delta()`` hold back a trailing partial character and, until the end,
+  the last max_stop_len - 1 characters, which a stop string could still cut; ``finish()`` releases them.
 
-vLLM analogue: vllm/v1/engine/detokenizer.py (the prefix/read offset scheme of its slow incremental
-detokenizer, its stop-string check over the new tail, and `stop_buffer_length` for streaming), driven
-per request by the output processor.
+vLLM's vllm/v1/engine/detokenizer.py uses the same two offsets and ``stop_buffer_length``.
 
-Not handled yet: tokenizers whose window decode depends on more context than one committed chunk
-(SentencePiece's leading-space rules; an assertion fires), stop token ids and EOS (the caller's job: it
-calls `finish()`), `spaces_between_special_tokens`, and runs of tokens that each end in U+FFFD (invalid
-bytes, or a real U+FFFD character) keep the window growing until a clean token arrives.
+Not handled yet: tokenizers whose window decode needs more context than one committed chunk
+(SentencePiece's leading spaces; an assertion fires), ``spaces_between_special_tokens``, and long runs
+of tokens that each end in U+FFFD (the window grows until a clean token arrives).
 """
-
 from __future__ import annotations
 
 REPLACEMENT = "\ufffd"

@@ -1,31 +1,20 @@
-"""Engine statistics: typed counters, gauges and histograms whose memory stays bounded however long the engine runs.
+"""Engine statistics: counters, gauges and histograms whose memory stays bounded however long the engine runs.
 
-    registry = engine_metrics(MetricsRegistry())
+    registry = engine_metrics()
     registry.counter("minipaged:num_preemptions").inc()
     registry.histogram("minipaged:step_seconds").observe(0.012)
-    find(registry.snapshot(), "num_preemptions").value        # 1
+    registry.snapshot()                                      # frozen values (metrics_reader.py)
 
-The engine owns live *instruments* (``CounterMetric``, ``GaugeMetric``, ``HistogramMetric``) kept in a
-``MetricsRegistry``; users read frozen *snapshots* (``Counter``, ``Gauge``, ``Histogram``), each with
-``.name`` and ``.value``. A histogram keeps only a count per bucket, the number of observations and
-their sum, so a million observations cost what ten do. Timelines (one entry per engine step) are not
-kept by the registry: the engine calls ``publish_step(record)`` and whoever wants them subscribes a
-recorder, e.g. ``with registry.recording() as rec:`` for one benchmark run.
+The engine updates live instruments kept by name in a ``MetricsRegistry``; a histogram keeps only a
+count per bucket, the number of observations and their sum, so a million observations cost what ten
+do. Per-step timelines are not kept here: the core calls ``publish_step(record)`` and whoever wants
+them subscribes (``with registry.recording() as rec:``). ``engine_metrics`` registers vLLM V1's
+standard set with "minipaged:" instead of "vllm:" (num_preemptions, prefix_cache_queries/hits,
+kv_cache_usage_perc as a fraction, time_to_first_token_seconds, ...) and a few of ours
+(forward_passes, tokens_computed, block_copies, step_seconds, num_requests_refused). Counters carry no
+"_total" suffix; the Prometheus exporter (server/metrics_export.py) adds it.
 
-How it maps to vLLM V1 (``LLM.get_metrics()``, vllm/v1/metrics/reader.py): the snapshot kinds are the
-same (Counter, Gauge, Histogram with cumulative buckets ending at +Inf), and ``engine_metrics`` names the
-standard set as vLLM does with a "minipaged:" prefix instead of "vllm:", e.g. num_preemptions,
-prefix_cache_queries/hits (tokens), prompt_tokens, generation_tokens, request_success,
-num_requests_running/waiting, kv_cache_usage_perc (a fraction 0..1), time_to_first_token_seconds,
-inter_token_latency_seconds, e2e_request_latency_seconds, spec_decode_num_draft/accepted_tokens.
-A few are ours: forward_passes, tokens_computed, block_copies, blocks_swapped_out/in, step_seconds,
-forward_seconds, num_tokens_per_step, num_requests_refused. Counters carry no "_total" suffix here;
-a Prometheus exporter adds it, as prometheus_client does.
-
-Not handled yet: labels beyond a static tags dict per instrument (no per-model or per-engine label sets,
-no child series), vLLM's Vector kind (per-position spec-decode acceptance), thread safety (the engine
-loop is single-threaded), and Prometheus text exposition: the server layer builds that later from
-``describe()`` and ``snapshot()``.
+Not handled yet: labels beyond one static tags dict, thread safety (one thread steps the engine).
 """
 
 from __future__ import annotations
@@ -35,9 +24,8 @@ import math
 import re
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 
-PREFIX = "minipaged:"
+from minipaged.metrics_reader import PREFIX, Counter, Gauge, Histogram, MetricSnapshot, StepRecorder
 
 # Seconds, a 1-2-5 series from 1 ms to 2 minutes (roughly log spaced); +Inf is added by HistogramMetric.
 LATENCY_BUCKETS: tuple[float, ...] = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5,
@@ -46,66 +34,6 @@ LATENCY_BUCKETS: tuple[float, ...] = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1
 TOKEN_BUCKETS: tuple[float, ...] = tuple(float(2 ** i) for i in range(14))
 
 _NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")  # what Prometheus accepts as a metric name
-
-
-# ---------------------------------------------------------------- snapshots (what users read)
-
-@dataclass(frozen=True)
-class Counter:
-    """A counter's value at snapshot time: only ever grows."""
-    name: str
-    value: int | float
-    tags: dict = field(default_factory=dict, hash=False)
-
-
-@dataclass(frozen=True)
-class Gauge:
-    """A gauge's value at snapshot time: can go up and down."""
-    name: str
-    value: int | float
-    tags: dict = field(default_factory=dict, hash=False)
-
-
-@dataclass(frozen=True)
-class Histogram:
-    """A histogram at snapshot time. ``buckets`` maps each upper bound to the number of observations
-    <= it (cumulative, as Prometheus's "le"), in increasing order; the last key is float('inf')."""
-    name: str
-    count: int
-    sum: float
-    buckets: dict[float, int] = field(default_factory=dict, hash=False)
-    tags: dict = field(default_factory=dict, hash=False)
-
-    @property
-    def value(self) -> float:
-        """The mean observation (sum / count), 0.0 when nothing was observed."""
-        return self.sum / self.count if self.count else 0.0
-
-    def quantile(self, q: float) -> float:
-        """An *estimate* of the q-quantile (0 <= q <= 1) from the buckets alone, as Prometheus's
-        histogram_quantile does: find the bucket holding the rank q * count and interpolate linearly
-        between its lower and upper bound (the first bucket's lower bound is 0, or its upper bound if
-        that is negative). A rank in the +Inf bucket returns the largest finite bound. The true value
-        lies somewhere in the same bucket; 0.0 when nothing was observed."""
-        if not 0.0 <= q <= 1.0:
-            raise ValueError(f"quantile q={q!r} must be between 0 and 1")
-        if not self.count:
-            return 0.0
-        rank = q * self.count
-        bounds = list(self.buckets)
-        finite = [b for b in bounds if not math.isinf(b)]
-        prev_bound, prev_cum = min(0.0, bounds[0]), 0
-        for bound in bounds:
-            cum = self.buckets[bound]
-            if cum > prev_cum and rank <= cum:
-                if math.isinf(bound):
-                    return finite[-1] if finite else 0.0
-                return prev_bound + (bound - prev_bound) * (rank - prev_cum) / (cum - prev_cum)
-            prev_bound, prev_cum = bound, cum
-        return finite[-1] if finite else 0.0  # unreachable while the last bucket holds every observation
-
-
-MetricSnapshot = Counter | Gauge | Histogram
 
 
 # ---------------------------------------------------------------- live instruments (what the engine updates)
@@ -176,27 +104,6 @@ class HistogramMetric:
 
 
 Instrument = CounterMetric | GaugeMetric | HistogramMetric
-
-
-# ---------------------------------------------------------------- per-step records
-
-class StepRecorder:
-    """A subscriber that keeps every published step record (a shallow copy) in ``.records``: for a
-    benchmark that wants the timeline of one run. Its memory grows with the run, so subscribe it only
-    for as long as needed (``with registry.recording() as rec:``)."""
-
-    def __init__(self):
-        self.records: list[dict] = []
-
-    def __call__(self, record: dict) -> None:
-        self.records.append(dict(record))
-
-    def series(self, key: str, default=None) -> list:
-        """One field across all records, e.g. rec.series("num_running")."""
-        return [r.get(key, default) for r in self.records]
-
-    def __len__(self) -> int:
-        return len(self.records)
 
 
 # ---------------------------------------------------------------- the registry
@@ -347,22 +254,3 @@ def engine_metrics(registry: MetricsRegistry | None = None) -> MetricsRegistry:
     for name, doc, buckets in _ENGINE_HISTOGRAMS:
         registry.histogram(PREFIX + name, doc, buckets)
     return registry
-
-
-def find(metrics: Iterable[MetricSnapshot], name: str) -> MetricSnapshot:
-    """The one snapshot called ``name`` or "minipaged:" + name, e.g. find(llm.get_metrics(), "num_preemptions")."""
-    metrics = list(metrics)
-    wanted = {name, PREFIX + name}
-    hits = [m for m in metrics if m.name in wanted]
-    if not hits:
-        raise KeyError(f"no metric named {name!r}; known: {', '.join(m.name for m in metrics) or '(none)'}")
-    if len(hits) > 1:
-        raise ValueError(f"{len(hits)} metrics match {name!r}: {[m.name for m in hits]}")
-    return hits[0]
-
-
-def percentile(values, q: float):
-    """The q-th percentile (0..100) of a list of numbers by the nearest rank, or None if it is empty.
-    For a benchmark's own list of latencies (a histogram estimates it with ``Histogram.quantile``)."""
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))] if ordered else None

@@ -1,34 +1,23 @@
 """A request's state, in one home: the ``Request`` the scheduler owns, and the ``Sequence`` of each sample.
 
-    Request    one request from arrival to its end: its samples, the ones running now, a beam search's
-               state, where it stands (``status``) and, if it was refused, why
-    Sequence   one sample: the prompt's token ids, the tokens generated so far, their text, and the rules
-               that decide when it ends
-
-The scheduler (scheduler/continuous.py) is the only one that changes them; the engine core and the
-front end read them to build outputs and metrics; the runner reads a sequence's tokens, parameters and
-generator to sample its next token, and changes nothing.
-
     WAITING  -> RUNNING  -> FINISHED                 served
     WAITING  -> REFUSED                              could never fit the pool (refusal_reason says why)
     RUNNING  -> WAITING                              preempted by recompute (prefilled again later)
     RUNNING  -> SWAPPED  -> RUNNING                  preempted by swap (chapter 06)
     any live -> ABORTED                              the client gave up
 
-The samples of a request run side by side because they share blocks (chapter 05). A preemption by
-recompute that splits them makes each sample after the first a request of its own in the queues
-(``split``): a part, whose ``parent`` is the request the client sees. A part's samples are the
-parent's; the parent's status says how the whole request ended.
+Only the scheduler (scheduler/continuous.py) changes them; the core and the front end read them for
+outputs and metrics; the runner reads a sequence to sample its next token. A preemption by recompute
+that splits a request's samples makes each sample after the first a part of its own in the queues
+(``split``), whose ``parent`` is the request the client sees.
 
-``Sequence.append(token)`` adds a token and checks, in vLLM's order, whether the sample is finished:
-max_tokens reached ("length"), EOS or a stop token id ("stop"), a stop string in the text ("stop", the
-text cut before it, or after it with include_stop_str_in_output). The text is decoded incrementally
-(detokenizer.py), so a long output costs linear work, and ``stream_text()`` is the part of it a
-streaming client may already be shown.
+``Sequence.append(token)`` adds a token and decides, in vLLM's order, whether the sample ends:
+max_tokens ("length"), EOS or a stop token id ("stop"), a stop string in the text ("stop", the text
+cut before it, or after it with include_stop_str_in_output). The text is decoded incrementally
+(detokenizer.py); ``stream_text()`` is what a streaming client may already be shown.
 
 Not handled: priorities, several prompts per request.
 """
-
 from __future__ import annotations
 
 import enum

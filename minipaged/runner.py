@@ -1,42 +1,25 @@
-"""The runner: what executes one planned step. The scheduler plans (scheduler/), the runner executes
-the plan and samples, and the scheduler applies what comes back (``update_from_output``); the engine
-core (core.py) only calls the three in turn.
+"""The runner: what executes one planned step, and the paged K/V memory it executes it on.
 
-    execute(plan) -> RunnerOutput    make the plan's block copies (swap-outs, swap-ins, copies on write,
-                                     in that order), run one forward pass over every planned token, and
-                                     sample: each planned sequence's new tokens, as plain data (step.py)
+    execute(plan) -> RunnerOutput    the plan's block copies (swap-outs, swap-ins, copies on write, in
+                                     that order), one forward pass over every planned token, and the
+                                     tokens sampled (sampling.py), as plain data (step.py)
     make_generator(seed)             the random generator a sample draws from
     reset()                          forget everything (after an abort of every request)
 
-The runner reads the plan and the KV policy's block tables and changes neither: the scheduler alone
-does. It never appends a token to a sequence either; the tokens it returns are appended by the
-scheduler, which is also where a stop string is found (it needs the text).
+The runner reads the plan and the block tables and changes neither, and appends no token: the
+scheduler does all of that. ``ModelRunner`` runs the model over the paged pool (chapters 01-11);
+``PerRequestRunner`` over chapter 00's growing per-sequence tensors (kv/per_request.py), or none with
+use_cache=False, which recomputes every token at every step.
 
-Two runners share the sampling (sampling.py's ``step_outputs``) and differ in where the K/V lives:
+The pool is one pair of tensors per layer, ``[num_blocks, block_size, num_kv_heads, head_dim]``; the
+policies only hand out slot numbers into it (slot s = block s // block_size, offset s % block_size).
+Each forward pass gets a ``PagedBatch`` (the slot mapping, and per sequence its block table, context
+and query lengths), whose ``attend`` writes the new K/V into their slots and runs the chosen attention
+backend through the tables. Swapping (chapter 06) adds the same tensors in host memory
+(``SwapKVCache``); ``copy_blocks`` moves whole blocks.
 
-    ModelRunner       the paged K/V tensors (below) and an attention backend: chapters 01-11
-    PerRequestRunner  chapter 00's memory: a growing K/V tensor per sequence (kv/per_request.py), or
-                      none at all with use_cache=False, which recomputes every token at every step
-
-The simulators (minipaged/lab/simulator/) bring a third, with no model at all, behind the same calls.
-
-The K/V memory behind every pooled KV policy (chapters 01-11) lives here too. The policies only hand
-out slot numbers; this is what the numbers point into, one pair of tensors per layer:
-
-    k_cache[layer], v_cache[layer]   [num_blocks, block_size, num_kv_heads, head_dim]
-
-A slot s is row s of the cache seen flat ([num_blocks * block_size, KVH, Dh]): block s // block_size,
-offset s % block_size (the contiguous arena is the same memory with block_size 1). Each forward pass
-gets a ``PagedBatch``: where each new token's K and V go (the slot mapping) and, per sequence, its
-block table, how many tokens it has after this step and how many of those are new. Its ``attend``
-writes the new K/V into their slots, then runs paged attention through the block tables with the
-backend the configuration chose (EngineArgs.attention_backend). Swapping (chapter 06) adds a second
-set of the same tensors in host memory (``SwapKVCache``); ``copy_blocks`` moves whole blocks.
-
-Not handled: overlapping the block copies with compute, CUDA graphs, sampling on the device,
-quantized K/V.
+Not handled: overlapping the block copies with compute, CUDA graphs, sampling on the device.
 """
-
 from __future__ import annotations
 
 import time

@@ -1,40 +1,25 @@
-"""The sampler: the runner turns each row of a step's logits into tokens here. One row gives one token:
-logit bias, penalties and the min_tokens mask, then greedy, temperature, top-k, top-p, min-p.
+"""The sampler: each row of a step's logits becomes a token here (the runner calls it).
 
-    step_rows(logits)                        [rows, V] -> one StepRow each (log_softmax and argmax, batched)
-    sample(row, seq, before)                 seq's next token from one row (``before``: tokens it drew
-                                             earlier in this step, from a draft's earlier rows)
-    step_outputs(work, draw, rank)           one SeqOutput per planned sequence: its tokens (a draft
-                                             checked row by row, spec/verify.py), the first tokens of
-                                             the samples forked from it, or a beam's candidates
+    step_rows(logits)              [rows, V] -> one StepRow each (log_softmax and argmax, batched)
+    sample(row, seq, before)       seq's next token from one row (``before``: tokens it drew earlier
+                                   in this step, from a draft's earlier rows)
+    step_outputs(work, draw, rank) one SeqOutput per planned sequence: its tokens (a draft checked row
+                                   by row, spec/verify.py), its forks' first tokens, or a beam's candidates
 
-Each sample owns a torch.Generator seeded from SamplingParams.seed, so its random draws depend on
-nothing else in the batch: the same seed gives the same text whether the request runs alone or next
-to a hundred others.
+A row gives a token through logit bias, penalties and the min_tokens mask, then greedy, temperature,
+top-k, min-p and top-p. The penalties follow vLLM's order and change greedy picks too:
 
-The penalties come first and change what greedy decoding picks too, in vLLM's order:
+    logits[t] += logit_bias[t]
+    logits[t] /= repetition_penalty if logits[t] > 0 else 1 / repetition_penalty   (t in prompt or output)
+    logits[t] -= frequency_penalty * count(t in output) + presence_penalty * (t in output)
+    logits[t] = -inf  for EOS and the stop token ids while the output is shorter than min_tokens
 
-    logits[t] += logit_bias[t]                               for each biased token t
-    logits[t] /= repetition_penalty  (if logits[t] > 0)       for each t in the prompt or the output
-    logits[t] *= repetition_penalty  (if logits[t] <= 0)
-    logits[t] -= frequency_penalty * count of t in the output
-    logits[t] -= presence_penalty * (1 if t is in the output)
-    logits[t] = -inf   for EOS and each stop token id, while the output is shorter than min_tokens
+Log-probabilities come from the raw logits, as vLLM V1 reports them; a scaled logit stays within
+±LOGIT_LIMIT, so an extreme penalty cannot make the softmax NaN. Each sample draws from its own
+torch.Generator, seeded from SamplingParams.seed, so its tokens do not depend on the batch.
 
-A repetition penalty above 1 makes every token seen so far less likely, whichever its sign (HF
-Transformers' ``repetition_penalty`` is the same rule); the other two are OpenAI's, and look only at
-what the model wrote, not at the prompt. Log-probabilities are reported from the raw logits, before
-any of this, as vLLM V1 reports them. A logit the repetition penalty scales stays within
-±LOGIT_LIMIT (1e30): vLLM takes any penalty above 0, and an extreme one would otherwise make it
-infinite in float32, and the softmax over it NaN.
-
-The sampler reads a sequence (its parameters, prompt, output so far and generator) and changes
-nothing: the scheduler appends the tokens when it applies the step's output.
-
-Not handled yet: penalties computed on the device for the whole batch at once (this is one row at a
-time, and costs a pass over the sequence's tokens per sampled token).
+Not handled yet: penalties for the whole batch at once on the device (this is one row at a time).
 """
-
 from __future__ import annotations
 
 from typing import NamedTuple

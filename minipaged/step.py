@@ -5,28 +5,17 @@
     result = scheduler.update_from_output(plan, output, now)
                                                   StepResult: which requests changed, for outputs and metrics
 
-A ``StepPlan`` is everything the runner must do, in order:
+The runner does a ``StepPlan`` in order: the swap copies (``swap_out`` then ``swap_in``), the copies on
+write (``copies``), one forward pass over ``work`` (each ``ScheduledSeq``'s tokens without K/V, its
+draft, their slots), then sampling for each sequence whose tokens are all computed (``completes``):
+its next token, or a draft's kept guesses and one more (spec/verify.py), the first tokens of the
+samples forked from it (``forks``), or a beam's candidates. It returns one ``SeqOutput`` per
+scheduled sequence, in plan order. ``refused`` are the requests the plan drops because they can
+never fit.
 
-    1. the block copies for swapping: device -> CPU (``swap_out``), then CPU -> device (``swap_in``);
-    2. the copies on write the step's slots asked for (``copies``, chapter 05: (src, dst) blocks; with
-       chapter 00's private tensors, (parent, child) sequences whose K/V a fork duplicates);
-    3. one forward pass over ``work``: for each scheduled sequence, its next tokens that have no K/V
-       yet (``seq.all_ids[cached:cached + num_own]``: all of them, unless chapter 08 cut a prompt into
-       chunks), then its ``draft`` if chapter 09 guessed one, and the slots their K/V goes to;
-    4. sampling: for each scheduled sequence whose tokens are now all computed (``completes``), its
-       next token; with a draft, the guesses the model agrees with and one more token (spec/verify.py);
-       for the samples waiting to fork from it (``forks``, chapter 05), their first tokens from the same
-       logits; for a beam of a beam search, its 2 * beam_width best candidates instead.
-
-The runner returns one ``SeqOutput`` per scheduled sequence, in plan order, and the time and tokens its
-forward pass took. The scheduler reads them and changes its books: the tokens appended, stops, slots
-of rejected guesses given back, beams ranked, blocks freed. ``refused`` are the requests the plan drops
-because they could never fit (``Request.refusal_reason`` says why).
-
-Not handled: several drafts per sequence (a tree of guesses), the runner's output arriving a step late
-(vLLM V1 can overlap scheduling with the forward pass).
+Not handled: a tree of drafts per sequence, an output that arrives a step late (vLLM V1 can overlap
+scheduling with the forward pass).
 """
-
 from __future__ import annotations
 
 from dataclasses import dataclass, field

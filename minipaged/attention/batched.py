@@ -1,61 +1,30 @@
-"""Paged attention for a whole batch at once: the fast CPU paths ("torch_batched", and "cpu" with its
-compiled kernel for the decodes), checked against reference.py.
+"""Paged attention for a whole batch at once: the CPU's fast paths, "torch_batched" and "cpu", checked
+against reference.py.
 
-The reference loops over sequences, and a decode step of 32 sequences in a 30-layer model makes
-960 small attention calls; on a CPU that loop, not the arithmetic, dominates the step. This backend
-does the same math with a handful of batched tensor operations:
+The reference loops over sequences: 32 sequences in 30 layers make 960 small calls a step, and on a
+CPU the loop, not the arithmetic, dominates. ``BatchedAttention`` does the same math in a few tensor
+operations:
 
-    1. gather every sequence's blocks through its block table, padded to the longest (one
-       index_select over the flattened tables): [S * max_blocks, block_size, KVH, Dh] -> [S, C, KVH, Dh]
-    2. place each sequence's query rows in a padded [S, max_q, H, Dh] (query j of a sequence sits at
-       position context_len - query_len + j), then fold the G = H / KVH query heads that share a K/V
-       head into that head's rows: [S, KVH, G * max_q, Dh]. Grouped-query attention then needs no copy
-       of K and V per query head;
-    3. one masked softmax(q Kᵀ · scale) V, by torch's scaled_dot_product_attention: a key is visible to
-       a query if its position is not after the query's, which also hides the padding past the context;
-    4. unfold and read the real query rows back out: [T, H, Dh].
+    1. gather each sequence's blocks through its table, padded: [S * max_blocks, bs, KVH, Dh] -> [S, C, KVH, Dh]
+    2. place query j of a sequence at position context_len - query_len + j of a padded [S, max_q, H, Dh],
+       and fold the G = H / KVH query heads of a K/V head into its rows: [S, KVH, G * max_q, Dh]
+    3. one masked softmax(q Kᵀ · scale) V (torch's SDPA): a key is visible to the queries not before it
+    4. unfold and read the real query rows back: [T, H, Dh]
 
-Everything in steps 1, 2 and 4 that depends only on the block tables and lengths (gather indices,
-row positions, the mask) is the same in every layer. ``BatchedAttention`` builds it once; a forward
-pass (runner.py's PagedBatch) builds one per step and calls it in all 30 layers.
-``paged_attention_batched`` is the one-call form with the reference's signature (see reference.py),
-selected with ``backend="torch_batched"``.
+What depends only on the tables and lengths (gather indices, positions, mask) is built once per step
+and used in every layer. Decodes and other short queries (up to SHORT_QUERY tokens, chapter 09's
+drafts) go in one call; each longer prompt gets its own, so no decode is padded to a prompt's length.
+The sums are grouped differently from the reference: equal to rounding, not bit for bit.
 
-A batch of decodes only (every query one token, the common step) skips the padding of step 2: its
-queries already are [S, 1, H, Dh]. The padding costs work and memory (S x H x max_q x C scores), so
-a batch with prompts in it runs the decodes and the other short queries (up to SHORT_QUERY tokens:
-chapter 09's drafts) in one such call and each longer prompt in a call of its own: otherwise every
-decode would be padded to the longest prompt, the common case once chapter 08 chunks prompts into
-every step. The math runs in fp32, like the reference; the sums are grouped differently, so results
-agree to rounding, not bit for bit.
-
-The "cpu" backend (``KernelAttention``, at the end of this module) is the same with one change: the
-short queries (decodes) go through one compiled kernel that reads the paged cache where it lies. The
-batched decode attention is a handful of tensor operations per layer: gather every sequence's blocks
-into a padded copy, fold the query heads, run SDPA, unfold. At 32 sequences the gather alone copies
-every cached K/V row of the step, 30 times a step, before SDPA reads it all again. The "cpu" backend
-does the same math, for the queries of up to SHORT_QUERY tokens, in one C++ loop
-(``paged_attention`` in minipaged/csrc/cpu_ops.cpp, built by model/kernels.py):
-
-    for each (sequence, K/V head), spread over PyTorch's threads:
-        for each key position t the sequence's queries can see:   # walks its block table
-            row = K[table[t // block_size], t % block_size, kv_head]   # [Dh], read in place
-            score[r, t] = (q_r · row) * scale       # r: the G query heads of kv_head, per query token
-        p = softmax(score) along t, over the keys each row sees   # two passes: max, then exp / sum
-        out_r = Σ_t p[r, t] · V[block(t), offset(t), kv_head]
-
-It is chapter 10's v1 kernel written for a CPU: a (sequence, K/V head) per job where the GPU gives a
-thread block to a (sequence, K/V head, row tile), loops where the GPU has warps. vLLM's CPU backend
-makes the same split: its own kernel for decodes, SDPA for prompts. Longer queries (prompts, chapter
-08's chunks) keep the batched path: for them the work is a real matrix product, which SDPA does far
-better than a loop.
-
-When the kernels could not be built (no C++ compiler), or q is not float32 on the CPU, every group
-takes the batched path instead: the same results, more slowly.
+The "cpu" backend (``KernelAttention``) sends the short queries to one compiled loop instead
+(``paged_attention`` in csrc/cpu_ops.cpp), which reads each key row where it lies in the pool, with
+no gathered copy: per (sequence, K/V head), scores over the keys it sees, a two-pass softmax, the
+weighted sum of V. It is chapter 10's v1 kernel written for a CPU; vLLM's CPU backend splits the same
+way (its own kernel for decodes, SDPA for prompts). Without the compiled kernels, or for q other
+than float32 on the CPU, every group takes the batched path: the same results, more slowly.
 
 Not handled: sliding windows, ALiBi, soft-capping.
 """
-
 from __future__ import annotations
 
 import torch

@@ -1,79 +1,30 @@
 """What every KV policy shares: the interface, the waste accounting, the errors and the input checks.
 
 A KV policy decides where each sequence's keys and values live in a pool of ``num_slots`` token
-slots. The scheduler (the only caller of the mutating calls in the engine) and the trace simulator
-drive every policy through the same calls:
+slots (slot = ``block * block_size + offset``). The scheduler is the only caller of its mutating
+calls: ``allocate`` at admission (with the prompt's ids, so a prefix cache can count what it holds),
+``append_slots(seq_id, n)`` for the slots of the next n tokens (the prompt's, then one per step),
+``commit_tokens`` once their K/V is written, ``truncate`` to forget rejected draft tokens, ``free``.
+It asks first with ``can_allocate`` / ``can_append_slots`` / ``can_append_all``; the runner reads
+``block_table``. What a policy supports it declares as class attributes, read and never probed:
+``shares_blocks`` (fork and copy-on-write, chapter 05), ``can_fork`` (beam search),
+``caches_prefixes`` (chapter 07), ``can_swap`` (chapter 06), ``bounded`` (all but chapter 00's) and
+``watermark_blocks`` (chapter 04).
 
-    can_allocate(prompt_len, max_new_tokens, final_len=None) -> bool    would admission succeed now?
-    allocate(seq_id, prompt_len, max_new_tokens, final_len=None, token_ids=None)
-                                            admit: reserve what the policy reserves up front (no
-                                            tokens yet); with token_ids a prefix cache (chapter 07)
-                                            counts the blocks it already holds as computed
-    append_slots(seq_id, n) -> list[int]    room for the next n tokens: their physical slot indices
-    can_append_slots(seq_id, n) -> bool     would append_slots succeed now? (a scheduler asks first)
-    can_append_all([(seq_id, n), ...])      the same for several sequences at once (a whole request)
-    block_table(seq_id) -> list[int]        physical blocks in logical order, covering the tokens
-    allocated_blocks(seq_id)                every block it holds, including reserved ones ahead
-    num_tokens(seq_id) -> int
-    free(seq_id)                            give everything back (finish, abort or preemption)
-    usage(head=None) -> Usage               the waste accounting below
-    check_invariants()                      AssertionError with a clear message if bookkeeping broke
-    drain_copies() -> [(src, dst)]          block copies to make before writing (the scheduler puts
-                                            them in the step's plan; always [] except under
-                                            copy-on-write, chapter 05's kv/shared.py)
-    commit_tokens(seq_id, token_ids)        these tokens' K/V is written (only the prefix cache,
-                                            chapter 07's kv/prefix_cache.py, listens)
-    truncate(seq_id, num_tokens)            forget the tokens from num_tokens on (chapter 09: rejected
-                                            draft tokens); blocks taken for them go back
-    cached_prefix_tokens(token_ids) -> int  tokens of a prompt a prefix cache would serve (else 0)
+Errors, the same for every policy: ``ValueError`` for nonsense input or a request that can never fit
+(the message names the field); ``NoFreeMemory`` for one that would fit an empty pool but not now
+(``can_allocate`` returns False instead); ``ReservationExceeded`` when a sequence outgrows what it
+reserved (chapters 01-03). A call that raises leaves the books as they were.
 
-What a policy supports, it declares (class attributes the scheduler and the engine read, never probe):
+Waste accounting (chapter 01). ``usage(head)`` splits the pool into five disjoint parts, in slots:
+``tokens`` (holding K/V), ``reserved`` (allocated, and the sequence will still fill them: up to
+``final_len`` when known, else prompt_len + max_new_tokens), ``internal`` (allocated past that, never
+filled), ``external`` (free, but the request at the head of the queue cannot use them because no
+hole is big enough although all of them together would be; always 0 for a paged policy) and
+``free``. They add up to ``num_slots``; utilization = tokens / (tokens + reserved + internal).
 
-    shares_blocks    fork and copy-on-write (chapter 05): parallel samples share their prompt
-    can_fork         fork(parent, child) exists: beam search needs it (chapter 05; chapter 00 too)
-    caches_prefixes  allocate(..., token_ids=) finds cached blocks (chapter 07)
-    can_swap         detach / attach_swapped move a sequence's blocks out and back (chapter 06)
-    bounded          the pool has a size (all but chapter 00's): a request can outgrow it
-    watermark_blocks free blocks admission keeps for running sequences to grow into (chapter 04)
-
-A slot is ``block * block_size + offset``. The prompt is written like any other tokens: the engine
-calls ``append_slots(seq_id, prompt_len)`` for its prefill, then ``append_slots(seq_id, 1)`` per step.
-
-Errors (one design for every policy):
-    ValueError         nonsense input (the message names the field and what is allowed), or a request
-                       that can never fit: longer than max_model_len or than the whole pool.
-    NoFreeMemory       the request would fit an empty pool but not now. ``allocate`` raises it;
-                       ``can_allocate`` returns False instead. Carries ``.reason``.
-    ReservationExceeded  a sequence tried to grow past what it reserved at admission (chapters 01-03).
-Any call that raises leaves the bookkeeping exactly as it was: nothing is half-allocated, nothing leaks.
-
-Waste accounting. ``usage(head)`` splits the pool into five disjoint parts, in slots:
-
-    tokens    slots holding a token's K and V.
-    reserved  reserved-but-unused: slots allocated to a sequence that it will still fill before it
-              finishes (the length it will reach is ``final_len`` when given, otherwise the upper
-              bound prompt_len + max_new_tokens).
-    internal  internal fragmentation: slots allocated to a sequence beyond the length it will reach;
-              they are never filled (an over-sized reservation, or the tail of a partly used block).
-    external  external fragmentation: free slots the request at the head of the waiting queue
-              (``head``) cannot use although together they would hold it. If the head needs more
-              than the largest free hole the policy can place it in, but no more than all free slots
-              together, every free slot counts as external. Zero when nothing waits, when the head
-              fits, or when the head needs more than all free slots together (then memory is simply
-              full, not fragmented). Paged policies place a request in any free blocks, so for them
-              the largest hole is all free memory and external fragmentation is zero by design.
-    free      the other free slots.
-
-    occupied     = tokens + reserved + internal          (slots allocated to some sequence)
-    utilization  = tokens / occupied                      (0.0 when nothing is allocated)
-    tokens + reserved + internal + external + free = num_slots, always.
-
-The split of unused allocated slots into ``reserved`` and ``internal`` is exact only when the
-final length is known (the simulator knows it); their sum is always exact.
-
-Not handled here: sharing blocks between sequences (copy-on-write is kv/shared.py, chapter 05; prefix
-caching is kv/prefix_cache.py, chapter 07) and the choice of what to admit or preempt (the scheduler's
-job, chapter 06).
+Not handled here: sharing blocks (kv/shared.py, chapter 05; kv/prefix_cache.py, chapter 07) and the
+choice of what to admit or preempt (the scheduler, chapter 06).
 """
 
 from __future__ import annotations
@@ -101,7 +52,7 @@ class ReservationExceeded(RuntimeError):
 
 @dataclass(frozen=True)
 class Usage:
-    """One snapshot of where the pool's slots went (see the module docstring for each term)."""
+    """Where the pool's slots went at one moment (the module docstring names each part)."""
 
     total: int
     tokens: int

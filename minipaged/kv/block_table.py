@@ -1,39 +1,20 @@
 """Chapter 03: a block table per sequence, so any free block can serve any request.
 
-Each sequence keeps a block table: entry i is the physical block that holds its logical block i,
-that is its tokens i*block_size .. (i+1)*block_size - 1. Token position p therefore lives in slot
+Entry i of a sequence's table is the physical block holding its tokens i*block_size to
+(i+1)*block_size - 1, so token position p lives in slot
 
     block_table[p // block_size] * block_size + p % block_size
 
-and attention reads the cache through the same table (``minipaged.attention.paged_attention``).
-Since logical order no longer has to match physical order, a request takes *any* free blocks from
-the pool's free list: a free block is never stranded, and external fragmentation is gone.
+and attention reads the cache through the same table. A request takes any free blocks from the
+``BlockPool`` (a FIFO free list, with a bitmap that catches double frees): no block is stranded, and
+external fragmentation is gone. This stage still reserves the whole request at admission (the rules
+of chapters 01-02); chapter 04 (on_demand.py) grows the table as tokens arrive instead, by overriding
+``_slots_needed`` / ``_fits_now`` (what admission takes) and ``_grow`` (here: refuse). Chapter 05
+passes a reference-counted pool and overrides ``_block_for_write``.
 
-This stage still reserves the whole reservation (same rules as chapters 01-02) at admission, so
-reserved-but-unused slots and over-reservation remain; chapter 04 (``on_demand``) removes them by
-growing the table only as tokens arrive. It subclasses this one and overrides two hooks:
-
-    _slots_needed / _fits_now   what admission takes (here: the whole reservation)
-    _grow(seq_id, table, n)     what happens when a sequence needs n more blocks (here: refuse)
-
-Later chapters extend it the same way: copy-on-write passes a reference-counted ``pool`` and
-overrides ``_block_for_write`` (copy a shared block before writing into it) and
-``_check_block_owners`` (a block may then sit in several tables); a scheduler preempts by ``free``
-and re-admits by ``allocate``.
-
-The blocks come from a ``BlockPool``: a free list and nothing else. Blocks are handed out from the
-front of a FIFO queue and returned to its back, so after a while a sequence's blocks are scattered
-over the pool, which is fine once a block table maps them. A bitmap beside the queue answers "is
-block b free?" in O(1) and catches double frees. The pool knows nothing about sequences; chapter 05
-subclasses it to count references (a block shared by several sequences returns to the free list only
-when the last one lets go), and the policies reach it only through ``take``, ``release`` and
-``num_free``, so that change stays local.
-
-Not handled: sharing blocks between sequences, caching freed blocks by content (later chapters).
-Swapping (chapter 06) uses ``detach`` / ``attach``: kv/swap.py moves the blocks' contents, this
-policy only hands over the table.
+Not handled: sharing blocks between sequences. Swapping (chapter 06) uses ``detach`` /
+``attach_swapped``: kv/swap.py moves the blocks' contents, this policy hands over the table.
 """
-
 from __future__ import annotations
 
 from collections import Counter, deque

@@ -1,60 +1,34 @@
 """Chapter 07: prefix caching. Full blocks are found again by their content, across requests.
 
-An operating system keeps a page cache: a file read once stays in memory after the process that read
-it has exited, and the next process that opens the file gets the same pages without touching the
-disk. Here the "file" is a run of prompt tokens, the pages are KV blocks, and the disk read is the
-prefill. Many requests start alike (one system prompt, the same few-shot examples, the previous turns
-of a conversation), so their first blocks hold the same K/V and need computing only once.
-
-A full block is named by what it holds and everything before it:
+Many requests start alike (a system prompt, few-shot examples, a conversation's earlier turns), so
+their first blocks hold the same K/V. As an operating system's page cache keeps a file's pages after
+the reader exits, this keeps full blocks after their sequence ends, named by what they hold:
 
     key(block i) = (hash(key(block i - 1)), the block_size token ids of block i)       key(-1) = None
 
-The same tokens after a different prefix give different K/V (attention saw other tokens), so the
-parent's key is part of the name. The dictionary is keyed by the pair itself, so a lookup compares
-the token ids exactly; only the parent's 64-bit hash could in principle collide.
+The parent's key is part of the name because the same tokens after another prefix have other K/V.
+The map is keyed by the pair itself, so a lookup compares the token ids exactly.
 
-    allocate(seq_id, ..., token_ids=ids)   walk ids block by block while the cache knows the key: those
-                                           blocks join the sequence's table (reference count + 1) and
-                                           count as computed; only the rest of the prompt is prefilled.
-                                           At least one prompt token is always left to compute, since
-                                           its logits give the first output token.
-    append_slots(seq_id, n)                as before; and a prompt's full blocks enter the cache as soon
-                                           as they have their slots (see "promised" below)
-    commit_tokens(seq_id, ids)             the scheduler reports K/V just written; every block that
-                                           became full with generated tokens enters the cache
-    free(seq_id)                           a cached block nobody holds any more is not wiped: it waits
-                                           on an LRU list, still findable, and counts as free memory
-    reset_cache()                          forget everything cached (a cold start for benchmarks)
+    allocate(seq_id, ..., token_ids=ids)   the blocks the cache knows, from the start, join the table
+                                           (reference + 1) and count as computed; at least one prompt
+                                           token is left to compute, for the first output's logits
+    append_slots / commit_tokens           a prompt's full blocks enter the cache once they have slots;
+                                           blocks filled by generated tokens once their K/V is written
+    free(seq_id)                           a cached block nobody holds waits on an LRU list, findable,
+                                           and counts as free memory
+    reset_cache()                          forget everything cached
 
-Promised blocks. A prompt's full blocks are findable from the moment the scheduler has planned their
-slots, before the forward pass has written their K/V, so that a batch of prompts sharing a system
-prompt computes it once, in the very first step: the second prompt admitted in that step hits the
-first one's blocks. That is safe because the forward pass writes every new token's K and V into the
-cache before any sequence's attention reads it, layer by layer (runner.py's ``attend``).
-Not earlier than the slots, though: a block that someone else holds too would be copied on write by
-its own first writer. If a sequence is freed before its prompt was written (an admission rolled
-back), its promised blocks leave the cache.
+A prompt's blocks are findable as soon as their slots are planned ("promised"), so prompts admitted
+in the same step share a system prompt computed once: the forward pass writes every new token's K/V
+before any attention reads it. A sequence freed before its prompt was written takes its promises back.
+Free blocks are handed out plain ones first, then cached ones, least recently used first
+(``evictions`` counts them); a sequence frees its blocks last first, so a prompt's end is evicted
+before the beginning others share. A cached block is full and never written (chapter 05's
+copy-on-write guards the rest), so a hit gives the same K/V bits as computing it again.
 
-Blocks nobody holds are handed out plain free blocks first, then cached ones, least recently used
-first (its key is forgotten; ``policy.evictions`` counts them). A sequence gives its blocks back last block
-first, so the end of a prompt is evicted before its beginning: the beginning is what other
-requests share, and a block whose parent is gone can never be found again.
-
-Everything else is chapter 05's shared policy: a block held by several tables is never written in
-place. A cached block is full, and writes only go to a sequence's last, partly filled block, so a
-cached block never changes while it is cached.
-
-The same K/V bits for the same tokens: a hit is exact in the math, and greedy outputs equal the cold
-run's whenever the batch is the same. Across batch compositions the float sums may be ordered
-differently, as in every other chapter.
-
-Not handled: multi-modal or LoRA salts in the key, caching across processes, admission that favours
-requests with long hits (vLLM admits in arrival order too), beam search asking the cache at
-admission (its blocks do enter the cache). With chunked prefill (chapter 08) a prompt's slots come a
-chunk per step, and so do its promises: only the full blocks that the step's chunks write.
+Not handled: salts in the key (LoRA, multi-modal), caching across processes, beam search asking the
+cache at admission. With chunked prefill (chapter 08) a prompt's promises come a chunk per step.
 """
-
 from __future__ import annotations
 
 from collections import OrderedDict

@@ -1,40 +1,22 @@
 """Chapter 05: reference-counted blocks, fork and copy-on-write (the KV policy named "shared").
 
-A process that calls fork() gets a child whose page table points at the parent's pages; the pages
-are marked read-only and copied only when one of the two writes into them. Here the pages are KV
-blocks and the processes are sequences:
+As fork() gives a child process the parent's pages, read-only until one of them writes, here a
+sequence's fork gets its parent's blocks:
 
-    fork(parent, child)     the child's block table is a copy of the parent's table: the same
-                            physical blocks, each block's reference count + 1. No K/V is copied.
-    append_slots(seq, n)    before a token is written into a block held by more than one table,
-                            the sequence takes a fresh block, records the copy (old -> new) for the
-                            engine, drops its reference to the old block and writes into the new one.
-    free(seq)               every block's count - 1; a block returns to the free list at zero.
+    fork(parent, child)     the child's table copies the parent's: the same blocks, each count + 1
+    append_slots(seq, n)    a block held by more than one table is not written in place: the sequence
+                            takes a fresh block, records the copy (old -> new), and writes there
+    free(seq)               each block's count - 1; a block returns to the free list at zero
 
-Only a partly filled last block is ever written into, so with block size B a fork costs nothing up
-front and at most one block copy per branch later. Full blocks stay shared until every holder is gone.
+Only a partly filled last block is ever written, so a fork costs nothing up front and at most one
+block copy per branch later. The policy keeps the books: the scheduler puts ``drain_copies()`` in
+each step's plan, and the runner copies the blocks before any new K/V is written. ``check_invariants``
+asserts that a block's count equals the tables holding it, and that no shared block is written.
+``usage()`` counts a shared block once; ``sharing()`` says how many blocks sharing saved.
 
-The policy only keeps the books. The K/V data lives in the runner (runner.py); the scheduler
-puts ``drain_copies()`` in each step's plan, and the runner copies each (src, dst) block in every
-layer's K and V, in order, before any new token's K/V is written. Copies are recorded in the order they must
-happen; a copy whose destination is freed before it happens is dropped.
-
-Invariants (``check_invariants``, and what the property tests drive at random):
-    * a block's reference count equals the number of block tables that hold it; count 0 <=> free;
-    * no token is ever written into a block whose count is above one (checked at every write);
-    * a pending copy's destination is held by exactly one table.
-
-Memory accounting: ``usage()`` counts physical slots (a shared block once), so ``tokens`` is the
-number of distinct token slots in use. ``sharing()`` compares the blocks in use with the blocks the
-same sequences would hold without sharing (the sum of their table lengths, what ``on_demand`` would
-take): the memory that sharing saved.
-
-Everything else is chapter 04's on-demand allocation (same admission, watermark, NoFreeMemory).
-
-Not handled: sharing between unrelated requests (prefix caching, chapter 07). Swapping shared blocks
-to CPU memory is chapter 06's kv/swap.py, which moves a shared block once, not once per holder.
+Everything else is chapter 04's on-demand allocation. Not handled: sharing between unrelated
+requests (chapter 07's prefix cache).
 """
-
 from __future__ import annotations
 
 from collections import Counter

@@ -13,8 +13,9 @@ from dataclasses import dataclass
 import torch
 
 from minipaged.model.config import SMOLLM2_135M, TINY, ModelConfig
-from minipaged.model.llama import LlamaModel, random_model
-from minipaged.model.tokenizer import ByteTokenizer, GGUFTokenizer
+from minipaged.model.llama import LlamaModel
+from minipaged.model.random import ByteTokenizer, random_model
+from minipaged.model.tokenizer import GGUFTokenizer
 
 MODEL_NAMES = ("smollm2-135m", "smollm2-135m-random", "tiny")
 _ALIASES = {

@@ -210,23 +210,3 @@ class LlamaModel(nn.Module):
     @property
     def dtype(self):
         return self.embed_tokens.weight.dtype
-
-
-def random_model(cfg: ModelConfig, seed: int = 0, dtype=torch.float32) -> LlamaModel:
-    """A model of `cfg`'s shapes with seeded random weights (for tests and benchmarks).
-
-    Embeddings are N(0, 1) and each linear layer N(0, 1/fan_in), so activations keep their scale
-    through the layers. With an untied output matrix (as "tiny" has), greedy decoding then walks
-    through many different tokens instead of repeating one, which keeps output-equality tests honest.
-    """
-    gen = torch.Generator().manual_seed(seed)
-    model = LlamaModel(cfg)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.dim() == 1:  # RMSNorm gains
-                p.fill_(1.0)
-            elif name == "embed_tokens.weight":
-                p.copy_(torch.randn(p.shape, generator=gen))
-            else:
-                p.copy_(torch.randn(p.shape, generator=gen) / p.shape[1] ** 0.5)
-    return model.to(dtype).eval()

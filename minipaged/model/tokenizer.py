@@ -1,4 +1,4 @@
-"""Tokenizers: SmolLM2's byte-level BPE rebuilt from GGUF metadata, and a byte tokenizer for tests.
+"""The tokenizer: SmolLM2's byte-level BPE rebuilt from GGUF metadata (random.py has a byte tokenizer for tests).
 
 The GGUF file carries everything a tokenizer needs: the 49,152 token strings, the 48,900 merges in
 priority order, the special tokens and the chat template (a Jinja2 string). We rebuild the tokenizer
@@ -83,51 +83,3 @@ class GGUFTokenizer(ChatTemplateMixin):
     def id_to_token(self, token_id: int) -> str:
         """The token as the vocabulary spells it (byte-level: a leading space shows as 'Ġ')."""
         return self._tok.id_to_token(token_id)
-
-
-class ByteTokenizer(ChatTemplateMixin):
-    """One token per UTF-8 byte (ids 0..255), plus three special tokens. For the tiny test model.
-
-    <|im_start|> = 256 (also BOS), <|im_end|> = 257 (EOS), <|endoftext|> = 258.
-    """
-
-    SPECIAL = {"<|im_start|>": 256, "<|im_end|>": 257, "<|endoftext|>": 258}
-
-    def __init__(self):
-        self.vocab_size = 259
-        self.bos_token_id = 256
-        self.eos_token_id = 257
-
-    def encode(self, text: str) -> list[int]:
-        ids, i = [], 0
-        while i < len(text):
-            for name, sid in self.SPECIAL.items():
-                if text.startswith(name, i):
-                    ids.append(sid)
-                    i += len(name)
-                    break
-            else:
-                ids.extend(text[i].encode("utf-8"))
-                i += 1
-        return ids
-
-    def id_to_token(self, token_id: int) -> str:
-        """A printable ASCII byte as itself, any other byte as <0xNN>, a special token by its name."""
-        for name, sid in self.SPECIAL.items():
-            if sid == token_id:
-                return name
-        return chr(token_id) if 32 <= token_id < 127 else f"<0x{token_id:02X}>"
-
-    def decode(self, ids, skip_special_tokens: bool = True) -> str:
-        names = {v: k for k, v in self.SPECIAL.items()}
-        out, pending = [], bytearray()
-        for i in ids:
-            if i < 256:
-                pending.append(i)
-                continue
-            out.append(pending.decode("utf-8", errors="replace"))
-            pending = bytearray()
-            if not skip_special_tokens:
-                out.append(names.get(i, ""))
-        out.append(pending.decode("utf-8", errors="replace"))
-        return "".join(out)

@@ -1,47 +1,29 @@
 """Chapter 06: continuous (iteration-level) batching, with preemption by recompute or by swap.
 
-A static batcher picks a batch, runs it until its longest request ends, then picks the next. This
-scheduler decides again at **every step** (every forward pass), in three moves:
+A static batcher runs a batch until its longest request ends. This scheduler decides again at every
+step (every forward pass), in three moves:
 
-    1. running requests, oldest first, get room for their next token. If the pool has no block for a
-       request, the newest running request is preempted to make room (last come, first out);
-    2. if nobody was preempted this step, swapped-out requests come back, oldest first, while the
-       pool has room for them and their next token (plus the watermark);
-    3. if nobody was preempted and nothing is left swapped out, waiting requests are admitted, first
-       come first served, while the KV policy has room (its own watermark included), the running
-       sequences stay within ``max_num_seqs`` and the step's tokens within ``max_num_batched_tokens``.
+    1. running requests, oldest first, get room for their next token; when the pool has no block
+       for one, the newest running request is preempted (last come, first out);
+    2. if nobody was preempted, swapped-out requests come back, oldest first, while they fit;
+    3. if nobody was preempted and nothing is swapped out, waiting requests are admitted, first come
+       first served, while the KV policy has room (its watermark included), within ``max_num_seqs``
+       sequences and ``max_num_batched_tokens`` tokens (a step with nothing else in it takes the
+       head whole; chapter 08's scheduler/chunked.py cuts it into chunks instead).
 
-A finished request leaves at once, so its blocks serve a waiting one at the very next step.
+A finished sequence frees its blocks at once, so they serve a waiting request at the next step.
+Preemption by ``preemption_mode``: "recompute" frees the request's blocks and puts it back at the
+head of the queue, to be prefilled again with what it generated (several samples come back as one
+request each; a beam search starts over); "swap" copies its blocks to the CPU swap space (kv/swap.py)
+and brings them back later, or recomputes if the swap space is full.
 
-Preemption, by ``preemption_mode``:
-    "recompute"  free the request's blocks and put it back at the head of the queue; when it is
-                 admitted again its prompt *and* everything it generated are prefilled as one
-                 prompt. Cheap in memory, costs compute. A request of several samples comes back
-                 as one request per sample (each re-prefilled on its own, no longer sharing); a
-                 beam search starts over from its prompt (it is deterministic, so only its cost
-                 changes).
-    "swap"       copy the request's blocks to the CPU swap space (kv/swap.py; shared blocks once)
-                 and free them; swap them back in later. Costs two copies, no compute. If the swap
-                 space cannot hold the request, it is recomputed instead (``swap_fallbacks``).
+Nothing starves: preempted requests return before anything new is admitted. A request that could
+never fit (a sample longer than the pool, a beam search that could outgrow it) is refused with the
+reason when it reaches the head of the queue, and the others go on. With a prefix cache (chapter 07)
+the blocks already cached count as computed and only the rest counts against the token budget.
 
-Nothing starves: preempted requests return before anything new is admitted, in their original
-order. A request that could never fit (a sample longer than the whole pool, or a beam search whose
-beams could outgrow it) is refused with the reason when it reaches the head of the queue, and the
-others go on. Samples that fit one by one but not side by side are served one request each, as a
-recompute splits them; a swapped-out request that cannot come back even into an otherwise empty
-pool is recomputed instead, so every request is either served or refused.
-
-The token budget: a step's new tokens stay within ``max_num_batched_tokens``, except that a step
-with nothing else in it always takes the head of the queue whole, so a long prompt is never starved
-(chapter 08's scheduler, scheduler/chunked.py, splits such prompts into chunks instead).
-
-With a prefix cache (chapter 07) a request is admitted with its token ids, so the blocks already
-cached count as computed, and only its uncached tokens count against the token budget.
-
-Not handled: priorities, chunked prefill (chapter 08, scheduler/chunked.py builds it on this one),
-favouring requests with long cache hits.
+Not handled: priorities, favouring requests with long cache hits.
 """
-
 from __future__ import annotations
 
 import itertools

@@ -20,7 +20,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from minipaged.metrics import Counter, Gauge, Histogram
+from minipaged.metrics_reader import Counter, Gauge, Histogram
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 

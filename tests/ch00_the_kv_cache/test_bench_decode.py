@@ -10,7 +10,7 @@ from minipaged.cli import main
 from minipaged.lab.bench import decode
 from minipaged.lab.bench.noise import WARNING, describe_probe
 from minipaged.model.config import TINY
-from minipaged.model.llama import random_model
+from minipaged.model.random import random_model
 
 
 @pytest.fixture(scope="module")

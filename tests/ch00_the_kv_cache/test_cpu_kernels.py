@@ -10,9 +10,10 @@ import torch
 import torch.nn.functional as F
 
 from minipaged import LLM, SamplingParams
-from minipaged.model import kernels
+from minipaged.model import kernels, kernels_build
 from minipaged.model.config import SMOLLM2_135M, TINY
-from minipaged.model.llama import MLP, Linear, RMSNorm, Rotary, random_model
+from minipaged.model.llama import MLP, Linear, RMSNorm, Rotary
+from minipaged.model.random import random_model
 
 # where there is a compiler the kernels must build (a build error fails here, it is not skipped)
 pytestmark = pytest.mark.skipif(shutil.which(os.environ.get("CXX", "c++")) is None,
@@ -156,8 +157,8 @@ def test_without_a_compiler_the_pytorch_code_runs(monkeypatch, tmp_path):
     broken = tmp_path / "cpu_ops.cpp"
     broken.write_text("this is not C++\n")
     monkeypatch.setenv("MINIPAGED_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(kernels, "SOURCE", broken)
-    monkeypatch.setattr(kernels, "_registered", lambda: False)  # as in a process that has not loaded them
+    monkeypatch.setattr(kernels_build, "SOURCE", broken)
+    monkeypatch.setattr(kernels_build, "_registered", lambda: False)  # as in a process that has not loaded them
     kernels.ops.cache_clear()
     try:
         with pytest.warns(RuntimeWarning, match=r"not available.*apt-get install g\+\+.*pip install ninja"):

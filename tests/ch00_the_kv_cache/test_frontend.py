@@ -3,7 +3,7 @@
 import pytest
 
 from minipaged import LLM, CompletionOutput, RequestOutput, SamplingParams
-from minipaged.metrics import find
+from minipaged.metrics_reader import find
 
 
 def test_sampling_params_defaults_are_vllms():

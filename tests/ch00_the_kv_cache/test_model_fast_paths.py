@@ -5,7 +5,8 @@ import torch
 import torch.nn.functional as F
 
 from minipaged.model.config import TINY
-from minipaged.model.llama import Linear, Rotary, random_model
+from minipaged.model.llama import Linear, Rotary
+from minipaged.model.random import random_model
 
 
 @pytest.fixture

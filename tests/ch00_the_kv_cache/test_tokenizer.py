@@ -2,7 +2,7 @@
 
 import pytest
 
-from minipaged.model.tokenizer import ByteTokenizer
+from minipaged.model.random import ByteTokenizer
 
 TEXTS = ["Hello world", "Héllo 😀 naïve", "x = 12345 +  67\n\n\tend", "def f():\n    return 1"]
 

@@ -25,7 +25,7 @@ from minipaged.config import EngineArgs
 from minipaged.core import EngineCore
 from minipaged.kv import SharedPolicy
 from minipaged.lab.simulator.runner import SyntheticRunner
-from minipaged.metrics import find
+from minipaged.metrics_reader import find
 from minipaged.sampling import step_outputs
 from minipaged.step import RunnerOutput, Sampled
 

@@ -226,7 +226,7 @@ def test_section_4_parallel_sampling_as_the_text_says(sampling):
     prompts, params = sampling["prompts"], sampling["params"]
     prompt_tokens, n = sum(len(p) for p in prompts), params.n
     decode = len(prompts) * n * (params.max_tokens - 1)  # the first token comes from the prefill's logits
-    from minipaged.metrics import find
+    from minipaged.metrics_reader import find
 
     shared, unshared = sampling["shared"], sampling["unshared"]
     computed = {name: find(llm.get_metrics(), "tokens_computed").value for name, llm in

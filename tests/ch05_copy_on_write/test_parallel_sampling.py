@@ -7,7 +7,7 @@ that sample (``sample_seed(seed, index)``), run by chapter 00's per-request engi
 import pytest
 
 from minipaged import LLM, SamplingParams
-from minipaged.metrics import find
+from minipaged.metrics_reader import find
 from minipaged.sampling import sample_seed
 
 PROMPTS = [[1, 2, 3], [7, 8, 9, 10, 11, 12], [42] * 20, list(range(30, 70))]

@@ -6,7 +6,7 @@ import asyncio
 import pytest
 
 from minipaged import LLM, AsyncEngineArgs, AsyncLLMEngine, SamplingParams
-from minipaged.metrics import find
+from minipaged.metrics_reader import find
 from minipaged.sampling_params import RequestOutputKind
 
 PROMPTS = ["The cat sat on", "Paging splits memory into", "Once upon a time there", "KV blocks of sixteen"]

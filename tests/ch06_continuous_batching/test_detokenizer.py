@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from minipaged.detokenizer import IncrementalDetokenizer
-from minipaged.model.tokenizer import ByteTokenizer
+from minipaged.model.random import ByteTokenizer
 from minipaged.request import Sequence
 from minipaged.sampling_params import SamplingParams
 

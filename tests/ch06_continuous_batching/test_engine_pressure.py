@@ -8,7 +8,7 @@ the same engine with a pool large enough that nothing is ever preempted.
 import pytest
 
 from minipaged import LLM, SamplingParams
-from minipaged.metrics import find
+from minipaged.metrics_reader import find
 
 PROMPTS = [[1, 2, 3], [7, 8, 9, 10, 11, 12], [42] * 20, [100, 200], list(range(30, 70)), [5] * 9, [9, 8, 7, 6]]
 GREEDY = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)

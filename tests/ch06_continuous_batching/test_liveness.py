@@ -81,7 +81,7 @@ def engine_args(context_len: int, **options) -> EngineArgs | None:
 
 
 def build_policy(args: EngineArgs, max_model_len: int):
-    """An empty KV policy, as llm_engine.build_core builds it."""
+    """An empty KV policy, as build.build_core builds it."""
     options = {"watermark": args.watermark} if args.kv_policy in ("on_demand", "shared", "prefix_caching") else {}
     return make_policy(args.kv_policy, num_slots=args.kv_capacity_tokens, block_size=args.block_size,
                        max_model_len=max_model_len, reservation=args.reservation, **options)
@@ -135,7 +135,7 @@ class KVTrackingRunner(SyntheticRunner):
 
 
 def build_core(args: EngineArgs, max_model_len: int) -> EngineCore:
-    """As llm_engine.build_core builds it, with the synthetic runner instead of the model."""
+    """As build.build_core builds it, with the synthetic runner instead of the model."""
     policy = build_policy(args, max_model_len)
     runner = KVTrackingRunner(policy, token_of=lambda seq: synthetic_token(seq.index, seq.all_ids))
     return EngineCore(args, policy, runner, None, EOS, max_model_len)

@@ -1,4 +1,4 @@
-"""minipaged.metrics: typed engine statistics with bounded memory (plain Python, no model needed)."""
+"""minipaged.metrics and metrics_reader: typed engine statistics with bounded memory (plain Python, no model needed)."""
 
 import dataclasses
 import math
@@ -7,19 +7,14 @@ import pytest
 
 from minipaged.metrics import (
     LATENCY_BUCKETS,
-    PREFIX,
     TOKEN_BUCKETS,
-    Counter,
     CounterMetric,
-    Gauge,
     GaugeMetric,
-    Histogram,
     HistogramMetric,
     MetricsRegistry,
-    StepRecorder,
     engine_metrics,
-    find,
 )
+from minipaged.metrics_reader import PREFIX, Counter, Gauge, Histogram, StepRecorder, find
 
 ENGINE_COUNTERS = [
     "num_preemptions", "prefix_cache_queries", "prefix_cache_hits", "prompt_tokens", "generation_tokens",

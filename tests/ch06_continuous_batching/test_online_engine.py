@@ -4,7 +4,7 @@ and stream out. Its oracle is the offline call: the same greedy tokens, whatever
 import pytest
 
 from minipaged import EngineArgs, LLMEngine, SamplingParams
-from minipaged.metrics import find
+from minipaged.metrics_reader import find
 from minipaged.sampling_params import RequestOutputKind
 
 PROMPTS = ["The cat sat on", "Paging splits memory into", "Once upon a time there", "KV blocks of sixteen",

@@ -8,7 +8,7 @@ import pytest
 
 from minipaged import LLM, SamplingParams
 from minipaged.beam_search import BeamSearchParams
-from minipaged.metrics import find
+from minipaged.metrics_reader import find
 
 rng = random.Random(9)
 PHRASE = [rng.randrange(1, 250) for _ in range(10)]

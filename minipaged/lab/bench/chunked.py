@@ -30,7 +30,7 @@ from statistics import median
 
 from minipaged.lab import capture
 from minipaged.lab.simulator.chunked import make_chunked_workload
-from minipaged.metrics import percentile
+from minipaged.metrics_reader import percentile
 
 SHAPE = dict(long_every=4, long_len=(600, 900), short_len=(16, 96), output_len=(32, 64))
 

@@ -90,7 +90,7 @@ from minipaged.lab import capture
 from minipaged.lab.bench.noise import describe_probe, gemm_probe, probe_pair
 from minipaged.lab.bench.serving import make_trace, random_prompt
 from minipaged.lab.simulator.online import SYSTEMS, StepTimeModel, simulate
-from minipaged.metrics import percentile
+from minipaged.metrics_reader import percentile
 
 OVERHEAD_TARGET = 0.9
 OVERHEAD_PAIRS = 2  # offline, server, offline, server: the best of each side

@@ -49,7 +49,7 @@ import time
 
 from minipaged.lab import capture
 from minipaged.lab.simulator.workloads import make_workload
-from minipaged.metrics import find, percentile
+from minipaged.metrics_reader import find, percentile
 
 
 def make_trace(num_requests: int, scale: float, max_model_len: int, vocab_size: int, seed: int = 0):

@@ -36,7 +36,7 @@ INSTRUCTIONS = [
 def run(model="smollm2-135m", max_tokens=64, sizes=(2, 4, 6), block_size=16, progress=False, plot_dir=None,
         plot_width=4):
     from minipaged import LLM, SamplingParams
-    from minipaged.metrics import find
+    from minipaged.metrics_reader import find
     from minipaged.sampling_params import BeamSearchParams
 
     llm = LLM(model, kv_policy="shared", block_size=block_size, kv_capacity_tokens=32768, attention_backend="torch",

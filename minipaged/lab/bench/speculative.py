@@ -60,7 +60,7 @@ def _engine(model, k, attention):
 
 
 def _counters(llm) -> tuple[int, int]:
-    from minipaged.metrics import find
+    from minipaged.metrics_reader import find
 
     metrics = llm.get_metrics()
     return (find(metrics, "spec_decode_num_draft_tokens").value, find(metrics, "spec_decode_num_accepted_tokens").value)

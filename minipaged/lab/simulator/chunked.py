@@ -25,7 +25,7 @@ import random
 from minipaged.kv import make_policy
 from minipaged.lab.simulator.serving import simulate_serving
 from minipaged.lab.simulator.workloads import Request
-from minipaged.metrics import percentile
+from minipaged.metrics_reader import percentile
 
 DEFAULTS = dict(num_requests=64, long_every=4, long_len=(1024, 2048), short_len=(16, 128), output_len=(64, 256),
                 budgets=[2048, 1024, 512, 256, 128, 64], max_num_seqs=32, step_overhead=55, capacity=65536,

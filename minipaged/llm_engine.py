@@ -35,8 +35,8 @@ from __future__ import annotations
 from minipaged.build import build_core
 from minipaged.config import EngineArgs
 from minipaged.outputs import CompletionOutput, RequestOutput
+from minipaged.request import RequestStatus
 from minipaged.sampling_params import RequestOutputKind, SamplingParams
-from minipaged.scheduler import RequestStatus
 
 
 def _kind(value) -> str:

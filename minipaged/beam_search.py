@@ -53,7 +53,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from minipaged.kv.base import blocks_for
-from minipaged.sampling_params import SAMPLING_EPS, BeamSearchParams  # noqa: F401  (BeamSearchParams: where vLLM keeps it)
+from minipaged.outputs import CompletionOutput, RequestOutput
+from minipaged.request import Sequence
+from minipaged.sampling_params import SAMPLING_EPS, BeamSearchParams, SamplingParams  # noqa: F401  (BeamSearchParams: vLLM keeps it in sampling_params)
 
 # torch is imported inside the one function that needs it (candidate_logprobs): the selection and the
 # moves are plain Python, so the sharing simulator (no torch) runs them too.
@@ -138,10 +140,119 @@ class BeamState:
         """Whether every live beam has its logits row for this step."""
         return bool(self.seqs) and all(s.seq_id in self.rows for s in self.seqs)
 
-    def restart(self, seq) -> None:
-        """Start over from the prompt, as the one sequence ``seq`` (a preemption by recompute)."""
+    def restart(self, seq_id: int):
+        """Start over from the prompt, as one new sequence (a preemption by recompute: the beams,
+        prefilled again one by one, could need more memory than the search that shared them; the
+        search is deterministic, so only its cost changes). Returns that sequence."""
+        old = self.seqs[0]
+        seq = Sequence(seq_id, list(old.prompt_ids), old.params, old.eos_token_id, old.max_model_len,
+                       arrival_time=old.arrival_time)
         self.beams, self.seqs, self.complete, self.steps = [BeamSearchSequence(list(self.prompt))], [seq], [], 0
         self.rows.clear()
+        return seq
+
+    def advance(self, new_seq_id) -> BeamMoves:
+        """One step of the search, once every live beam has its candidates (``ready``): rank them
+        (``select_beams``) and say how the K/V follows, for the scheduler to carry out through the KV
+        policy. The first new beam of a parent is the parent's sequence itself (it keeps the blocks),
+        every further one is a new sequence forked from it, and a parent nobody continues is freed.
+        After max_tokens steps, or when no live beam is left, the search is over: every sequence is
+        freed (the last tokens need no K/V) and ``output`` holds the answer."""
+        p = self.params
+        candidates = [self.rows.pop(s.seq_id) for s in self.seqs]
+        chosen, complete = select_beams(self.beams, candidates, p.beam_width, self.eos_token_id, p.ignore_eos,
+                                        p.length_penalty)
+        self.complete += complete
+        self.steps += 1
+        moves = BeamMoves(num_tokens=len(chosen) + len(complete))
+        if self.steps >= self.max_tokens or not chosen:
+            for seq in self.seqs:
+                seq.finish_reason = seq.finish_reason or "length"
+            moves.freed, self.seqs, self.beams = self.seqs, [], [beam for _, beam in chosen]
+            self.output = finish_output(self, self.eos_token_id)
+            return moves
+        forks, pruned = plan_moves(chosen, len(self.seqs))
+        seqs = []
+        for (parent, beam), fork in zip(chosen, forks):
+            seq = self.seqs[parent]
+            if fork:  # a new sequence with the parent's tokens so far, and (once forked) its blocks
+                child = Sequence(new_seq_id(), seq.prompt_ids, seq.params, seq.eos_token_id, seq.max_model_len,
+                                 output_ids=list(seq.output_ids), arrival_time=seq.arrival_time,
+                                 num_cached_tokens=seq.num_cached_tokens)
+                moves.forks.append((seq, child))
+                seq = child
+            seqs.append(seq)
+        moves.freed = [self.seqs[parent] for parent in pruned]
+        for (_, beam), seq in zip(chosen, seqs):
+            seq.append(beam.tokens[-1], None, beam.logprobs[-1])
+        self.beams, self.seqs = [beam for _, beam in chosen], seqs
+        return moves
+
+    def never_fits(self, policy) -> str | None:
+        """Why this search could never run even in an empty pool, or None. A beam search cannot be
+        split the way samples can (a preemption makes one request per sample), so its worst case,
+        beams that share nothing but the prompt, must fit whole."""
+        if not policy.bounded:
+            return None
+        seq, width = self.seqs[0], self.params.beam_width
+        worst = worst_case_blocks(len(seq.prompt_ids), seq.max_new_tokens, width, policy.block_size)
+        if worst <= policy.num_blocks:
+            return None
+        return (f"beam search with beam_width={width} over a {len(seq.prompt_ids)}-token prompt and "
+                f"max_tokens={seq.max_new_tokens} may need {worst} blocks; the whole pool has {policy.num_blocks}")
+
+
+@dataclass
+class BeamMoves:
+    """What one step of a search asks of the KV policy, in this order: fork each (parent, child),
+    then free each of ``freed``."""
+
+    num_tokens: int  # tokens the step generated: every beam kept, live or complete
+    forks: list = field(default_factory=list)
+    freed: list = field(default_factory=list)
+
+
+def beam_request(request, params: BeamSearchParams, policy, seq_id: int, max_model_len: int,
+                 eos_token_id: int | None, max_tokens: int | None = None):
+    """Make ``request`` (the core's, with its prompt) a beam search: one sequence, the prompt, from
+    which the beams branch; ``max_tokens`` overrides params.max_tokens (the simulator gives each
+    request its own). Its own Sequence only carries the beam's tokens: the search decides when it ends."""
+    if not policy.can_fork:
+        raise ValueError(f"beam search needs kv_policy='shared' or 'prefix_caching' (beams share blocks) or "
+                         f"'per_request' (private copies); {policy.label!r} cannot fork a sequence")
+    prompt = request.prompt_ids
+    limit = min(params.max_tokens if max_tokens is None else max_tokens, max_model_len - len(prompt))
+    request.params = SamplingParams(temperature=0, max_tokens=max(limit, 1), ignore_eos=True)
+    seq = Sequence(seq_id, list(prompt), request.params, eos_token_id=None, max_model_len=max_model_len,
+                   arrival_time=request.arrival_time)
+    request.seqs = [seq]
+    request.beam = BeamState(params, list(prompt), limit, [BeamSearchSequence(list(prompt))], [seq],
+                             eos_token_id=eos_token_id)
+    return request
+
+
+def check_beam_params(params, max_num_seqs: int) -> None:
+    if not isinstance(params, BeamSearchParams):
+        raise ValueError(f"params must be BeamSearchParams, got {type(params).__name__}")
+    params.validate()
+    if params.beam_width > max_num_seqs:
+        raise ValueError(f"BeamSearchParams.beam_width={params.beam_width} is not allowed: an integer in "
+                         f"[1, {max_num_seqs}] (max_num_seqs: the beams run side by side)")
+
+
+def request_output(request, finished: bool, tokenizer, outputs: dict):
+    """The RequestOutput of a beam search: once finished, one CompletionOutput per best beam (its
+    BeamSearchOutput goes into ``outputs`` under the request's id, for ``LLMEngine.beam_output``)."""
+    completions = []
+    if finished and request.beam.output is not None:
+        outputs[request.request_id] = out = request.beam.output
+        n = len(request.prompt_ids)
+        decode_texts(out, n, tokenizer)
+        completions = [CompletionOutput(i, b.text or "", b.tokens[n:], b.cum_logprob, None, b.finish_reason)
+                       for i, b in enumerate(out.sequences)]
+    return RequestOutput(request.request_id, request.extra.get("prompt"), request.prompt_ids, completions,
+                         finished=finished, metrics={"arrival_time": request.arrival_time,
+                                                     "finished_time": request.finished_time})
 
 
 def plan_moves(chosen: list[tuple[int, BeamSearchSequence]], num_parents: int) -> tuple[list[bool], list[int]]:

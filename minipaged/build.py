@@ -42,7 +42,8 @@ def build_core(args: EngineArgs, loaded=None, metrics=None) -> tuple[EngineCore,
     from minipaged.kv.swap import swap_blocks_for
     from minipaged.metrics import engine_metrics
     from minipaged.model import load_model
-    from minipaged.runner import ModelRunner, PerRequestRunner
+    from minipaged.per_request_runner import PerRequestRunner
+    from minipaged.runner import ModelRunner
 
     metrics = metrics if metrics is not None else engine_metrics()  # the runner counts its block copies there
     if loaded is None:

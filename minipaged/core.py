@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import time
 
+from minipaged.beam_search import beam_request
+from minipaged.kv.invariants import check_engine
 from minipaged.metrics import engine_metrics
 from minipaged.request import Request, RequestStatus, Sequence
 from minipaged.sampling import sample_seed
@@ -111,24 +113,10 @@ class EngineCore:
 
     def add_beam_request(self, request_id: str, prompt_ids: list[int], params, max_tokens: int | None = None,
                          arrival_time: float | None = None) -> Request:
-        """Queue a beam search (beam_search.py): one sequence, the prompt, from which the beams branch.
-        Where the scheduler applies each step's output, the search ranks its beams' candidates, and the
-        scheduler forks the beams that branch and frees the ones pruned. ``max_tokens`` overrides
-        params.max_tokens (the simulator gives each request its own)."""
-        from minipaged.beam_search import BeamSearchSequence, BeamState
-
-        if not self.policy.can_fork:
-            raise ValueError(f"beam search needs a KV policy that can fork a sequence (kv_policy 'shared', "
-                             f"'prefix_caching' or 'per_request'), not {self.policy.label!r}")
-        limit = min(params.max_tokens if max_tokens is None else max_tokens, self.max_model_len - len(prompt_ids))
-        bookkeeping = SamplingParams(temperature=0, max_tokens=max(limit, 1), ignore_eos=True)
-        request, now = self._new_request(request_id, prompt_ids, bookkeeping, arrival_time)
-        seq = Sequence(seq_id=self.scheduler.next_seq_id(), prompt_ids=list(prompt_ids), params=bookkeeping,
-                       eos_token_id=None, max_model_len=self.max_model_len, arrival_time=now)
-        request.seqs = [seq]
-        request.beam = BeamState(params, list(prompt_ids), limit, [BeamSearchSequence(list(prompt_ids))], [seq],
-                                 eos_token_id=self.eos_token_id)
-        return self._queue(request)
+        """Queue a beam search: one sequence, the prompt, from which the beams branch (beam_search.py)."""
+        request, _ = self._new_request(request_id, prompt_ids, params, arrival_time)
+        return self._queue(beam_request(request, params, self.policy, self.scheduler.next_seq_id(),
+                                        self.max_model_len, self.eos_token_id, max_tokens))
 
     def _queue(self, request: Request) -> Request:
         self.requests[request.request_id] = request
@@ -236,22 +224,8 @@ class EngineCore:
     # ---- whole-engine operations ----------------------------------------------------------------
 
     def check_invariants(self, idle: bool = False) -> None:
-        """Assert that the books agree: each block's reference count equals the tables holding it, no
-        block is both free and held (the policy's and the swap space's ``check_invariants``). With
-        ``idle=True`` also that nothing is left behind: no request, no sequence, every slot free."""
-        self.policy.check_invariants()
-        if self.swap_space is not None:
-            self.swap_space.check_invariants()
-        if not idle:
-            return
-        assert not self.scheduler.has_work(), "the scheduler still has requests"
-        assert not self.policy.seq_ids(), f"KV memory leaked: sequences {self.policy.seq_ids()[:8]} still hold it"
-        usage = self.policy.usage()
-        assert usage.free == usage.total, f"KV memory leaked: {usage}"
-        if self.policy.shares_blocks:
-            assert not self.policy.pending_copies(), "copies on write were planned that no step made"
-        if self.swap_space is not None:
-            assert not self.swap_space.seq_ids(), f"the swap space leaked: {self.swap_space.seq_ids()[:8]}"
+        """Assert that the books agree; with ``idle=True``, that nothing is held (kv/invariants.py)."""
+        check_engine(self, idle)
 
     def abort_all(self) -> None:
         """Drop every request still held, and its blocks (device and swap space), so an interrupted

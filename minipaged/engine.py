@@ -9,7 +9,7 @@
 
 This is the loop chapter 00 walks through, and the baseline of `bench cache`. ``LLM(model,
 kv_policy="per_request")`` runs the same memory through the engine core (core.py, with
-runner.PerRequestRunner), the loop every later chapter shares; both agree token for token, and the
+per_request_runner.py), the loop every later chapter shares; both agree token for token, and the
 pooled engines must agree with them. Both sample with sampling.py's ``sample``.
 
 Not handled here: batching several sequences in one forward pass, any memory limit.

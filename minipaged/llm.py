@@ -89,33 +89,39 @@ class LLM:
         vLLM's {"prompt": ...} / {"prompt_token_ids": ...} dicts). One RequestOutput per prompt, in order."""
         from dataclasses import replace
 
-        from tqdm import tqdm
-
         requests, params = self._normalize(prompts, sampling_params)
         ids = [f"offline-{next(self._request_ids)}" for _ in requests]
         for request_id, (_, prompt_ids), p in zip(ids, requests, params):
             if p.output_kind is not RequestOutputKind.FINAL_ONLY:  # the offline call returns finished outputs only
                 p = replace(p, output_kind=RequestOutputKind.FINAL_ONLY)
             self.engine.add_request(request_id, {"prompt_token_ids": prompt_ids}, p)
-        done: dict[str, RequestOutput] = {}
-        bar = tqdm(total=len(ids), desc="generating", unit="prompt", disable=not use_tqdm)
-        try:
-            while self.engine.has_unfinished_requests():
-                for out in self.engine.step():
-                    if out.finished:
-                        done[out.request_id] = out
-                        bar.update(1)
-        except BaseException:  # an interrupt, an error in a forward pass: give every block back first
-            self.engine.abort_all()
-            raise
-        finally:
-            bar.close()
+        done = self._run(len(ids), "generating", use_tqdm)
         outputs = []
         for request_id, (text, _) in zip(ids, requests):
             out = done[request_id]
             out.prompt = text
             outputs.append(out)
         return outputs
+
+    def _run(self, total: int, desc: str, use_tqdm: bool) -> dict[str, RequestOutput]:
+        """Step the engine until every request is done, with a progress bar; {request_id: its final
+        output}. An interrupt or an error gives every block back before it propagates."""
+        from tqdm import tqdm
+
+        done: dict[str, RequestOutput] = {}
+        bar = tqdm(total=total, desc=desc, unit="prompt", disable=not use_tqdm)
+        try:
+            while self.engine.has_unfinished_requests():
+                for out in self.engine.step():
+                    if out.finished:
+                        done[out.request_id] = out
+                        bar.update(1)
+        except BaseException:
+            self.engine.abort_all()
+            raise
+        finally:
+            bar.close()
+        return done
 
     def beam_search(self, prompts, params, use_tqdm: bool = False):
         """vLLM's ``LLM.beam_search``: for each prompt, the best params.beam_width sequences found by
@@ -126,30 +132,12 @@ class LLM:
         the paged pool, sharing blocks; "per_request" gives every beam private K/V, copied whole when
         beams branch (the unshared oracle). Other policies cannot fork a sequence: a ValueError.
         """
-        from tqdm import tqdm
-
-        from minipaged.sampling_params import BeamSearchParams
-
-        if not isinstance(params, BeamSearchParams):
-            raise ValueError(f"params must be BeamSearchParams, got {type(params).__name__}")
-        if not self.engine.policy.can_fork:
-            raise ValueError(f"beam_search needs kv_policy='shared' (beams share blocks) or 'per_request' "
-                             f"(private copies); kv_policy={self.kv_policy!r} cannot fork a sequence")
-        prompts = self._prompt_list(prompts)
-        ids = [prompt_token_ids(p, self.tokenizer, self.config.vocab_size, self.max_model_len, f"prompts[{i}]")[1]
-               for i, p in enumerate(prompts)]
-        request_ids = [f"beam-{next(self._request_ids)}" for _ in ids]
-        for request_id, prompt in zip(request_ids, ids):
+        prompts = [prompt_token_ids(p, self.tokenizer, self.config.vocab_size, self.max_model_len, f"prompts[{i}]")[1]
+                   for i, p in enumerate(self._prompt_list(prompts))]  # all checked before any is queued
+        request_ids = [f"beam-{next(self._request_ids)}" for _ in prompts]
+        for request_id, prompt in zip(request_ids, prompts):
             self.engine.add_beam_request(request_id, {"prompt_token_ids": prompt}, params)
-        bar = tqdm(total=len(ids), desc="beam search", unit="prompt", disable=not use_tqdm)
-        try:
-            while self.engine.has_unfinished_requests():
-                bar.update(sum(1 for out in self.engine.step() if out.finished))
-        except BaseException:  # interrupted: the beams' blocks go back to the pool
-            self.engine.abort_all()
-            raise
-        finally:
-            bar.close()
+        self._run(len(prompts), "beam search", use_tqdm)
         return [self.engine.beam_output(request_id) for request_id in request_ids]
 
     def chat(self, messages, sampling_params=None, use_tqdm: bool = True, add_generation_prompt: bool = True):

@@ -32,6 +32,8 @@ Not handled yet: LoRA, multi-modal prompts, priorities, tracing.
 
 from __future__ import annotations
 
+from minipaged.beam_search import check_beam_params
+from minipaged.beam_search import request_output as beam_request_output
 from minipaged.build import build_core
 from minipaged.config import EngineArgs
 from minipaged.outputs import CompletionOutput, RequestOutput
@@ -172,19 +174,11 @@ class LLMEngine:
         """Queue a beam search (``LLM.beam_search`` adds one per prompt). Its RequestOutput, once
         finished, has one CompletionOutput per best beam; ``beam_output(request_id)`` gives vLLM's
         BeamSearchOutput."""
-        from minipaged.sampling_params import BeamSearchParams
-
         if not isinstance(request_id, str) or not request_id:
             raise ValueError(f"request_id={request_id!r} must be a non-empty string")
-        if not isinstance(params, BeamSearchParams):
-            raise ValueError(f"params must be BeamSearchParams, got {_kind(params)}")
-        params.validate()
-        if params.beam_width > self.args.max_num_seqs:
-            raise ValueError(f"BeamSearchParams.beam_width={params.beam_width} is not allowed: an integer in "
-                             f"[1, {self.args.max_num_seqs}] (max_num_seqs: the beams run side by side)")
+        check_beam_params(params, self.args.max_num_seqs)
         text, ids = prompt_token_ids(prompt, self.tokenizer, self.config.vocab_size, self.max_model_len)
-        request = self.core.add_beam_request(request_id, ids, params)
-        request.extra["prompt"] = text
+        self.core.add_beam_request(request_id, ids, params).extra["prompt"] = text
 
     def beam_output(self, request_id: str):
         """The BeamSearchOutput of a finished beam search (once; it is forgotten after)."""
@@ -227,8 +221,8 @@ class LLMEngine:
     # ---- output processing -----------------------------------------------------------------------
 
     def _output(self, request, finished: bool, delta: bool) -> RequestOutput:
-        if request.beam is not None:
-            return self._beam_request_output(request, finished)
+        if request.beam is not None:  # a beam search (beam_search.py)
+            return beam_request_output(request, finished, self.tokenizer, self._beam_outputs)
         completions = [self._completion(seq, delta, request) for seq in request.samples]
         if delta:  # a sample with nothing new stays out of a delta, unless the request is over
             completions = [c for c in completions if c.token_ids or c.text or c.finish_reason or finished]
@@ -238,20 +232,6 @@ class LLMEngine:
                    "token_times": [list(s.token_times) for s in request.samples]}
         return RequestOutput(request.request_id, request.extra.get("prompt"), request.prompt_ids, completions,
                              finished=finished, metrics=metrics, num_cached_tokens=request.samples[0].num_cached_tokens)
-
-    def _beam_request_output(self, request, finished: bool) -> RequestOutput:
-        completions = []
-        if finished and request.beam.output is not None:
-            from minipaged.beam_search import decode_texts
-
-            self._beam_outputs[request.request_id] = out = request.beam.output
-            n = len(request.prompt_ids)
-            decode_texts(out, n, self.tokenizer)
-            completions = [CompletionOutput(i, b.text or "", b.tokens[n:], b.cum_logprob, None, b.finish_reason)
-                           for i, b in enumerate(out.sequences)]
-        return RequestOutput(request.request_id, request.extra.get("prompt"), request.prompt_ids, completions,
-                             finished=finished, metrics={"arrival_time": request.arrival_time,
-                                                         "finished_time": request.finished_time})
 
     def _completion(self, seq, delta: bool, request) -> CompletionOutput:
         out = seq.to_output()

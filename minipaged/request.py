@@ -106,17 +106,6 @@ class Sequence:
         if self.finish_reason is not None and self._detok is not None:
             self._detok.finish()
 
-    def fork(self, seq_id: int) -> Sequence:
-        """A new sequence with this one's tokens so far (a beam that branches, chapter 05)."""
-        return Sequence(seq_id, self.prompt_ids, self.params, self.eos_token_id, self.max_model_len,
-                        output_ids=list(self.output_ids), arrival_time=self.arrival_time,
-                        num_cached_tokens=self.num_cached_tokens)
-
-    def restart(self, seq_id: int) -> Sequence:
-        """A new sequence with this one's prompt alone (a beam search that starts over)."""
-        return Sequence(seq_id, list(self.prompt_ids), self.params, self.eos_token_id, self.max_model_len,
-                        arrival_time=self.arrival_time)
-
     def stream_text(self) -> str:
         """The part of the text that may be shown while the sequence is still going: never a final
         half-decoded character, nor the last characters a stop string could still take back. Once

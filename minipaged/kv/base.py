@@ -150,7 +150,7 @@ class KVPolicy:
     shares_blocks = False  # True for policies with fork / copy-on-write (chapter 05, kv/shared.py)
     caches_prefixes = False  # True when allocate(..., token_ids=) can find cached blocks (chapter 07)
     can_fork = False  # True when fork(parent, child) exists: beam search needs it (chapter 05)
-    can_swap = False  # True when detach / attach_swapped exist: preemption by swap (chapter 06)
+    can_swap = False  # True when detach / attach exist: preemption by swap (chapter 06)
     bounded = True  # the pool has a size (False only for chapter 00's UnboundedPolicy)
     watermark_blocks = 0  # free blocks admission leaves for growth (chapter 04's on_demand sets it)
 

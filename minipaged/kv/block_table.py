@@ -12,12 +12,12 @@ of chapters 01-02); chapter 04 (on_demand.py) grows the table as tokens arrive i
 ``_slots_needed`` / ``_fits_now`` (what admission takes) and ``_grow`` (here: refuse). Chapter 05
 passes a reference-counted pool and overrides ``_block_for_write``.
 
-Not handled: sharing blocks between sequences. Swapping (chapter 06) uses ``detach`` /
-``attach_swapped``: kv/swap.py moves the blocks' contents, this policy hands over the table.
+Not handled: sharing blocks between sequences. Swapping (chapter 06) uses ``detach`` / ``attach``:
+kv/swap.py gives the table blocks of the other pool, this policy only hands it over and back.
 """
 from __future__ import annotations
 
-from collections import Counter, deque
+from collections import deque
 from dataclasses import dataclass, field
 
 from minipaged.kv.base import (
@@ -29,6 +29,7 @@ from minipaged.kv.base import (
     check_positive_int,
     reservation_tokens,
 )
+from minipaged.kv.invariants import check_pool, check_policy
 
 
 class BlockPool:
@@ -69,11 +70,7 @@ class BlockPool:
         # exercise 03.1: end
 
     def check_invariants(self) -> None:
-        queued = list(self._free_queue)
-        assert len(set(queued)) == len(queued), "a block is on the free list twice"
-        assert all(0 <= b < self.num_blocks for b in queued), "the free list holds an out-of-range block"
-        flagged = [b for b in range(self.num_blocks) if self._is_free[b]]
-        assert sorted(queued) == flagged, "the free bitmap disagrees with the free list"
+        check_pool(self)  # what the pool promises: kv/invariants.py
 
 
 @dataclass
@@ -81,31 +78,9 @@ class BlockTable(SequenceState):
     blocks: list[int] = field(default_factory=list)  # logical block i -> physical block blocks[i]
 
 
-def relocate(tables: dict, pool) -> tuple[dict, dict[int, int]]:
-    """Give ``tables`` ({seq_id: table of blocks in another pool}) blocks of ``pool``: one fresh block
-    for each distinct block, taken all at once (NoFreeMemory, nothing taken, if too few are free), and
-    a block that several tables share stays shared here. Returns ({seq_id: the table with the new
-    blocks, all else kept}, {old block: new block}): swapping out (device -> CPU) and back in."""
-    from dataclasses import replace
-
-    fresh = iter(pool.take(len({b for t in tables.values() for b in t.blocks})))
-    moved: dict[int, int] = {}
-    new_tables = {}
-    for seq_id, table in tables.items():
-        blocks = []
-        for block in table.blocks:
-            if block in moved:
-                pool.share([moved[block]])
-            else:
-                moved[block] = next(fresh)
-            blocks.append(moved[block])
-        new_tables[seq_id] = replace(table, blocks=blocks)
-    return new_tables, moved
-
-
 class BlockTablePolicy(KVPolicy):
     name = "block_table"
-    can_swap = True  # detach / attach_swapped: chapter 06's swap space moves a table out and back
+    can_swap = True  # detach / attach: chapter 06's swap space moves a table out and back
     pool_class = BlockPool  # what a policy builds when not handed a pool (chapter 05 counts references)
 
     def __init__(self, num_slots: int, block_size: int = 16, max_model_len: int = 2048,
@@ -213,42 +188,13 @@ class BlockTablePolicy(KVPolicy):
         self.pool.release(table.blocks[::-1])
         return table
 
-    def attach_swapped(self, tables: dict) -> dict[int, int]:
-        """Take swapped-out sequences back: ``tables`` {seq_id: table whose blocks are swap-space
-        blocks}. Each distinct swap block gets a fresh device block (one shared by several tables
-        stays shared); returns {swap block: device block}. NoFreeMemory, nothing changed, if the pool
-        has too few free blocks."""
-        new_tables, to_device = relocate(tables, self.pool)
-        for seq_id, table in new_tables.items():
-            self.attach(seq_id, table)
-        return to_device
-
     def attach(self, seq_id, table: BlockTable) -> None:
-        """Put a sequence back whose table holds references the caller took from this pool."""
+        """Put a sequence back whose table holds references the caller took from this pool (a swap-in,
+        kv/swap.py)."""
         if seq_id in self._seqs:
             raise ValueError(f"seq_id={seq_id!r} is already allocated; free it first")
         self._seqs[seq_id] = table
 
-    # ---- invariants --------------------------------------------------------------------------
-
-    def _check_block_owners(self, holders: Counter) -> None:
-        """At this stage a block belongs to at most one table."""
-        shared = [b for b, count in holders.items() if count > 1]
-        assert not shared, f"blocks {shared[:8]} appear in more than one block table"
-
-    def _check_table(self, seq_id, table: BlockTable) -> None:
-        assert len(table.blocks) * self.block_size >= table.num_tokens, (
-            f"seq {seq_id!r}: {len(table.blocks)} blocks cannot cover {table.num_tokens} tokens")
-
     def check_invariants(self) -> None:
-        self.pool.check_invariants()
-        holders: Counter = Counter()
-        for seq_id, table in self._seqs.items():
-            self._check_table(seq_id, table)
-            for block in table.blocks:
-                assert 0 <= block < self.num_blocks, f"seq {seq_id!r} maps out-of-range block {block}"
-                assert not self.pool.is_free(block), f"block {block} is in seq {seq_id!r}'s table and free"
-            holders.update(table.blocks)
-        self._check_block_owners(holders)
-        assert len(holders) + self.pool.num_free == self.num_blocks, (
-            f"owned {len(holders)} + free {self.pool.num_free} != total {self.num_blocks} blocks")
+        """Assert that the books agree (kv/invariants.py: what each stage promises)."""
+        check_policy(self)

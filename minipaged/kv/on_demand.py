@@ -68,10 +68,3 @@ class OnDemandPolicy(BlockTablePolicy):
         if extra:
             del table.blocks[keep:]
             self.pool.release(extra[::-1])
-
-    def _check_table(self, seq_id, table: BlockTable) -> None:
-        super()._check_table(seq_id, table)
-        needed = max(blocks_for(table.num_tokens, self.block_size), blocks_for(table.prompt_len,
-                                                                               self.block_size))
-        assert len(table.blocks) <= needed, (
-            f"seq {seq_id!r} holds {len(table.blocks)} blocks but needs only {needed} so far")

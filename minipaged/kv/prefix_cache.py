@@ -153,15 +153,6 @@ class PrefixBlockPool(RefCountedBlockPool):
     def is_free(self, block: int) -> bool:
         return super().is_free(block) or block in self._evictable
 
-    def check_invariants(self) -> None:
-        super().check_invariants()  # the plain free list, and count 0 <=> free (``is_free`` counts the LRU list)
-        assert all(self._refs[b] == 0 for b in self._evictable), "an evictable block has holders"
-        assert all(b in self._key_of for b in self._evictable), "an evictable block is not cached"
-        assert all(self._block_of[k] == b for b, k in self._key_of.items()), "the cache's two maps disagree"
-        assert len(self._block_of) == len(self._key_of), "the cache's two maps disagree"
-        assert not set(self._free_queue) & set(self._key_of), "a block on the plain free list is still cached"
-
-
 @dataclass
 class PrefixTable(BlockTable):
     token_ids: list[int] = field(default_factory=list)  # the tokens whose K/V is written, in order
@@ -343,13 +334,3 @@ class PrefixCachingPolicy(SharedPolicy):
         snap["cached"] = sorted(self.pool._key_of)
         snap["evictable"] = list(self.pool._evictable)
         return snap
-
-    def check_invariants(self) -> None:
-        super().check_invariants()
-        for seq_id, table in self._seqs.items():
-            assert isinstance(table, PrefixTable), f"seq {seq_id!r} has a plain table"
-            assert len(table.token_ids) <= table.num_tokens, f"seq {seq_id!r} committed more tokens than it has"
-            assert table.registered <= len(table.keys), f"seq {seq_id!r} offered blocks it has no key for"
-            for i in range(table.registered):  # a block the cache names holds what this table put there
-                key = self.pool.key_of(table.blocks[i])
-                assert key is None or key == table.keys[i], f"seq {seq_id!r}: block {i} is cached under another key"

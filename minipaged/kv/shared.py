@@ -10,8 +10,8 @@ sequence's fork gets its parent's blocks:
 
 Only a partly filled last block is ever written, so a fork costs nothing up front and at most one
 block copy per branch later. The policy keeps the books: the scheduler puts ``drain_copies()`` in
-each step's plan, and the runner copies the blocks before any new K/V is written. ``check_invariants``
-asserts that a block's count equals the tables holding it, and that no shared block is written.
+each step's plan, and the runner copies the blocks before any new K/V is written. Its invariants
+(kv/invariants.py): a block's count equals the tables holding it, and no shared block is written.
 ``usage()`` counts a shared block once; ``sharing()`` says how many blocks sharing saved.
 
 Everything else is chapter 04's on-demand allocation. Not handled: sharing between unrelated
@@ -62,12 +62,6 @@ class RefCountedBlockPool(BlockPool):
             if self._refs[block] == 0:
                 super().release([block])
         # exercise 05.1: end
-
-    def check_invariants(self) -> None:
-        super().check_invariants()
-        wrong = [b for b in range(self.num_blocks) if (self._refs[b] == 0) != self.is_free(b)]
-        assert not wrong, f"blocks {wrong[:8]}: reference count 0 must mean free, and only then"
-
 
 @dataclass(frozen=True)
 class Sharing:
@@ -245,35 +239,3 @@ class SharedPolicy(OnDemandPolicy):
         internal += sum(bs - fill for fill in shared_fill.values())
         free = self.pool.num_free * bs  # external is zero: any free block serves anyone
         return Usage(self.num_slots, tokens, reserved, internal, 0, free, len(self._seqs))
-
-    # ---- invariants -------------------------------------------------------------------------
-
-    def _check_block_owners(self, holders: Counter) -> None:
-        """A block may sit in several tables, but then its count says exactly how many."""
-        wrong = [(b, n, self.pool.ref_count(b)) for b, n in holders.items() if self.pool.ref_count(b) != n]
-        assert not wrong, f"(block, tables holding it, reference count) disagree: {wrong[:8]}"
-
-    def _check_table(self, seq_id, table: BlockTable) -> None:
-        super()._check_table(seq_id, table)
-        assert len(set(table.blocks)) == len(table.blocks), f"seq {seq_id!r} holds a block twice"
-
-    def _check_shared_fill(self) -> None:
-        """Every holder of a shared block sees the same tokens in it (nobody wrote in place)."""
-        bs, fills = self.block_size, {}
-        for seq_id, table in self._seqs.items():
-            for i, block in enumerate(table.blocks):
-                if self.pool.ref_count(block) > 1:
-                    fill = min(max(table.num_tokens - i * bs, 0), bs)
-                    first = fills.setdefault(block, (seq_id, fill))
-                    assert first[1] == fill, (f"shared block {block} holds {first[1]} tokens for seq "
-                                              f"{first[0]!r} but {fill} for seq {seq_id!r}")
-
-    def check_invariants(self) -> None:
-        super().check_invariants()
-        self._check_shared_fill()
-        for src, dst in self._copies:
-            assert self.pool.ref_count(dst) == 1, f"pending copy {src} -> {dst}: destination must have one holder"
-        usage = self.usage()
-        assert usage.tokens + usage.reserved + usage.internal == (self.num_blocks - self.pool.num_free) * \
-            self.block_size, f"usage does not add up to the blocks in use: {usage}"
-

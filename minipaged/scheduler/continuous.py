@@ -29,7 +29,7 @@ from __future__ import annotations
 import itertools
 from collections import deque
 
-from minipaged.beam_search import BeamSearchOutput, finish_output, plan_moves, select_beams, worst_case_blocks
+from minipaged.beam_search import BeamSearchOutput
 from minipaged.config import PREEMPTION_MODES, EngineArgs
 from minipaged.kv.base import NoFreeMemory
 from minipaged.metrics import engine_metrics
@@ -170,8 +170,7 @@ class ContinuousScheduler:
                     continue
                 return
             self.swapped.popleft()
-            to_device = self.policy.attach_swapped(self.swap_space.tables_of(ids))  # fresh device blocks
-            copies = self.swap_space.swap_in(ids, to_device)
+            copies = self.swap_space.swap_in(ids, self.policy)  # into fresh device blocks
             plan.swap_in += copies
             self._count("blocks_swapped_in", len(copies))
             request.status = RequestStatus.RUNNING
@@ -254,16 +253,8 @@ class ContinuousScheduler:
         """Why the request could never run even in an empty pool, or None. The policy checks each
         sequence alone (``allocate`` raises ValueError). Samples that outgrow the pool together are
         not refused: preemption by recompute splits them into one request each, and each fits alone.
-        A beam search cannot be split, so its worst case must fit whole."""
-        if not request.beam_width or not self.policy.bounded:
-            return None
-        bs, num_blocks = self.policy.block_size, self.policy.num_blocks
-        seq = request.seqs[0]
-        worst = worst_case_blocks(len(seq.prompt_ids), seq.max_new_tokens, request.beam_width, bs)
-        if worst <= num_blocks:
-            return None
-        return (f"beam search with beam_width={request.beam_width} over a {len(seq.prompt_ids)}-token prompt and "
-                f"max_tokens={seq.max_new_tokens} may need {worst} blocks; the whole pool has {num_blocks}")
+        A beam search cannot be split: its worst case must fit whole (beam_search.py)."""
+        return request.beam.never_fits(self.policy) if request.beam is not None else None
 
     # ---- preemption, refusal, abort ------------------------------------------------------------
 
@@ -290,11 +281,11 @@ class ContinuousScheduler:
     def _requeue(self, request: Request) -> None:
         """Put a request that holds no blocks back at the head of the queue, to be prefilled again.
         Several samples come back as one request each (``Request.split``), unshared, in the request's
-        order; a beam search starts over from its prompt (``_restart_beams``)."""
+        order; a beam search starts over from its prompt, as one sequence (``BeamState.restart``)."""
         # exercise 06.1: begin
         request.status = RequestStatus.WAITING
         if request.beam is not None:
-            self._restart_beams(request)
+            request.seqs = [request.beam.restart(self.next_seq_id())]
             self.waiting.appendleft(request)
             return
         for seq in reversed(request.seqs[1:]):
@@ -303,14 +294,6 @@ class ContinuousScheduler:
             self.waiting.appendleft(part)
         self.waiting.appendleft(request)
         # exercise 06.1: end
-
-    def _restart_beams(self, request: Request) -> None:
-        """A beam search preempted by recompute starts over from its prompt, as one sequence: its
-        beams, prefilled again one by one, could need more memory than the search that shared them
-        (the search is deterministic, so only its cost changes)."""
-        seq = request.seqs[0].restart(self.next_seq_id())
-        request.seqs = [seq]
-        request.beam.restart(seq)
 
     def _queue_swapped(self, request: Request) -> None:
         """Swapped requests come back oldest first, and the newest is preempted first: so each new
@@ -479,41 +462,19 @@ class ContinuousScheduler:
     # ---- beam search (chapter 05) ---------------------------------------------------------------
 
     def _advance_beams(self, request: Request, now: float, result: StepResult) -> None:
-        """One step of a beam search: rank every live beam's candidates (beam_search.py), then make
-        the K/V follow the new beams: the first child of a parent takes its blocks over, a further
-        one forks them, a parent nobody continues is freed. Ends the search after max_tokens steps
-        or when no live beam is left."""
-        state, p = request.beam, request.beam.params
-        candidates = [state.rows.pop(s.seq_id) for s in state.seqs]
-        chosen, complete = select_beams(state.beams, candidates, p.beam_width, state.eos_token_id, p.ignore_eos,
-                                        p.length_penalty)
-        state.complete += complete
-        state.steps += 1
-        self._tokens_came(request, state.seqs[0].num_cached_tokens, len(chosen) + len(complete), now, result)
-        if state.steps >= state.max_tokens or not chosen:  # done: the last tokens need no K/V
-            for seq in request.seqs:
-                seq.finish_reason = seq.finish_reason or "length"
-                self.policy.free(seq.seq_id)
-            request.seqs, state.seqs, state.beams = [], [], [beam for _, beam in chosen]
-            state.output = finish_output(state, state.eos_token_id)
-            self.running.remove(request)
-            self._leave(request, RequestStatus.FINISHED, now, result)
-            return
-        forks, pruned = plan_moves(chosen, len(state.seqs))
-        seqs = [self._fork_beam(request, state.seqs[parent]) if fork else state.seqs[parent]
-                for (parent, _), fork in zip(chosen, forks)]
-        for parent in pruned:  # nobody continues this beam: its blocks go back (shared ones lose a holder)
-            seq = state.seqs[parent]
+        """One step of a beam search: the search ranks its beams' candidates (beam_search.py), and the
+        K/V follows the new beams: a beam that branches forks its parent's blocks, a parent nobody
+        continues is freed (its shared blocks lose a holder). Ends the search when it says so."""
+        cached = request.seqs[0].num_cached_tokens
+        moves = request.beam.advance(self.next_seq_id)
+        self._tokens_came(request, cached, moves.num_tokens, now, result)
+        for parent, child in moves.forks:
+            self.policy.fork(parent.seq_id, child.seq_id)
+            request.seqs.append(child)
+        self._count("forks", len(moves.forks))
+        for seq in moves.freed:
             self.policy.free(seq.seq_id)
             request.seqs.remove(seq)
-        for (_, beam), seq in zip(chosen, seqs):
-            seq.append(beam.tokens[-1], None, beam.logprobs[-1])
-        state.beams, state.seqs = [beam for _, beam in chosen], seqs
-
-    def _fork_beam(self, request: Request, parent):
-        """A beam branches: a new sequence that starts with parent's blocks (shared, nothing copied)."""
-        child = parent.fork(self.next_seq_id())
-        self.policy.fork(parent.seq_id, child.seq_id)
-        request.seqs.append(child)
-        self._count("forks")
-        return child
+        if request.beam.output is not None:
+            self.running.remove(request)
+            self._leave(request, RequestStatus.FINISHED, now, result)

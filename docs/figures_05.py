@@ -75,7 +75,7 @@ def beam_figures() -> None:
               progress=False)
     prompt = llm.tokenizer.encode(llm.tokenizer.apply_chat_template([{"role": "user", "content": BEAM_QUESTION}]))
     frames = record_frames(llm)
-    with llm.engine.metrics.recording() as rec:  # one record per forward pass
+    with llm.engine.metrics.steps.recording() as rec:  # one record per forward pass
         (out,) = llm.beam_search([prompt], BeamSearchParams(beam_width=4, max_tokens=24))
     del llm.engine.runner.execute
     print(f"beam search over a {len(prompt)}-token prompt:")

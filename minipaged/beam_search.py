@@ -173,7 +173,7 @@ class BeamState:
             return moves
         forks, pruned = plan_moves(chosen, len(self.seqs))
         seqs = []
-        for (parent, beam), fork in zip(chosen, forks):
+        for (parent, _), fork in zip(chosen, forks):  # every fork copies its parent before any appends
             seq = self.seqs[parent]
             if fork:  # a new sequence with the parent's tokens so far, and (once forked) its blocks
                 child = Sequence(new_seq_id(), seq.prompt_ids, seq.params, seq.eos_token_id, seq.max_model_len,

@@ -28,8 +28,9 @@ from __future__ import annotations
 import time
 
 from minipaged.beam_search import beam_request
-from minipaged.kv.invariants import check_engine
+from minipaged.kv.audit import check_engine
 from minipaged.metrics import engine_metrics
+from minipaged.metrics_reader import step_record
 from minipaged.request import Request, RequestStatus, Sequence
 from minipaged.sampling import sample_seed
 from minipaged.sampling_params import SamplingParams
@@ -54,6 +55,7 @@ class EngineCore:
                                         preemption_mode=args.preemption_mode, swap_space=self.swap_space,
                                         enable_chunked_prefill=args.enable_chunked_prefill,
                                         speculative_config=args.spec, metrics=self.metrics, **options)
+        self.stats = self.scheduler.stats  # its event tallies: preemptions by kind, swaps, refusals, forks, drafts
         self.requests: dict[str, Request] = {}
         self.num_steps = 0
         m = self.metrics
@@ -81,11 +83,6 @@ class EngineCore:
         """The tokenizer's end-of-sequence id, read when a request arrives (a test may change it), or
         the one given when there is no tokenizer (the simulators)."""
         return self.tokenizer.eos_token_id if self.tokenizer is not None else self._eos
-
-    @property
-    def stats(self) -> dict:
-        """The scheduler's event tallies (preemptions by kind, swaps, refusals, forks, drafts)."""
-        return self.scheduler.stats
 
     # ---- requests in and out ------------------------------------------------------------------
 
@@ -158,8 +155,9 @@ class EngineCore:
         start = self.clock()
         plan = self.scheduler.schedule()
         output = self.runner.execute(plan)
-        record = self._step_record(plan, output) if self.metrics.listening and plan.work else None  # the pool
-        result = self.scheduler.update_from_output(plan, output, self.clock())  # the pass saw, before it changes
+        steps = self.metrics.steps  # records of the steps, while someone listens (metrics_reader.py)
+        record = step_record(self, plan, output) if steps.subscribers and plan.work else None
+        result = self.scheduler.update_from_output(plan, output, self.clock())
         self._observe(result)
         elapsed = self.clock() - start
         if plan.work:
@@ -172,7 +170,7 @@ class EngineCore:
         self._update_gauges()
         if record is not None:
             record["step_seconds"] = elapsed
-            self.metrics.publish_step(record)
+            steps.publish(record)
         return list(result.changed)
 
     # ---- metrics --------------------------------------------------------------------------------
@@ -208,23 +206,10 @@ class EngineCore:
         usage = self.policy.usage()
         return usage.occupied / usage.total
 
-    def _step_record(self, plan, output) -> dict:
-        usage = self.policy.usage()
-        record = {"step": self.num_steps, "forward_seconds": output.forward_seconds,
-                  "batch_size": len(plan.work), "num_tokens": plan.num_tokens, "num_decodes": plan.num_decodes,
-                  "num_prefill_tokens": plan.num_prefill_tokens, "preempted": plan.preempted,
-                  "kv_utilization": usage.utilization, "kv_occupied": usage.occupied / usage.total,
-                  "running": len(self.scheduler.running), "waiting": len(self.scheduler.waiting),
-                  "swapped": len(self.scheduler.swapped)}
-        if self.policy.shares_blocks:
-            sharing = self.policy.sharing()
-            record["blocks_physical"], record["blocks_logical"] = sharing.physical_blocks, sharing.logical_blocks
-        return record
-
     # ---- whole-engine operations ----------------------------------------------------------------
 
     def check_invariants(self, idle: bool = False) -> None:
-        """Assert that the books agree; with ``idle=True``, that nothing is held (kv/invariants.py)."""
+        """Assert that the books agree; with ``idle=True``, that nothing is held (kv/audit.py)."""
         check_engine(self, idle)
 
     def abort_all(self) -> None:

@@ -98,6 +98,10 @@ class LLMEngine:
             raise ValueError(f"engine_args must be EngineArgs, got {type(args).__name__}")
         self.args = args.validate()  # the one place options are checked
         self.core, loaded = build_core(self.args, loaded)
+        core = self.core  # what it is made of, by name (for the chapters, the tests and the benchmarks):
+        self.policy, self.scheduler, self.runner = core.policy, core.scheduler, core.runner
+        self.swap_space, self.metrics, self.stats = core.swap_space, core.metrics, core.stats
+        self.max_model_len = core.max_model_len
         self.model, self.tokenizer, self.config = loaded.model, loaded.tokenizer, loaded.config
         self._loaded = loaded
         self._sent: dict[int, tuple[int, int]] = {}  # seq_id -> (tokens, characters) already streamed
@@ -106,36 +110,6 @@ class LLMEngine:
     @classmethod
     def from_engine_args(cls, engine_args: EngineArgs) -> LLMEngine:
         return cls(engine_args)
-
-    # ---- what the core is made of (for the chapters, the tests and the benchmarks) --------------
-
-    @property
-    def policy(self):
-        return self.core.policy
-
-    @property
-    def scheduler(self):
-        return self.core.scheduler
-
-    @property
-    def swap_space(self):
-        return self.core.swap_space
-
-    @property
-    def runner(self):
-        return self.core.runner
-
-    @property
-    def metrics(self):
-        return self.core.metrics
-
-    @property
-    def stats(self) -> dict:
-        return self.core.stats
-
-    @property
-    def max_model_len(self) -> int:
-        return self.core.max_model_len
 
     def get_tokenizer(self):
         return self.tokenizer

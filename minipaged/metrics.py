@@ -7,12 +7,12 @@
 
 The engine updates live instruments kept by name in a ``MetricsRegistry``; a histogram keeps only a
 count per bucket, the number of observations and their sum, so a million observations cost what ten
-do. Per-step timelines are not kept here: the core calls ``publish_step(record)`` and whoever wants
-them subscribes (``with registry.recording() as rec:``). ``engine_metrics`` registers vLLM V1's
-standard set with "minipaged:" instead of "vllm:" (num_preemptions, prefix_cache_queries/hits,
+do. Per-step timelines are not kept here: while someone listens, the core publishes a record of each
+step (``registry.steps``, metrics_reader.py). ``engine_metrics`` registers vLLM V1's standard set
+with "minipaged:" instead of "vllm:" (num_preemptions, prefix_cache_queries/hits,
 kv_cache_usage_perc as a fraction, time_to_first_token_seconds, ...) and a few of ours
-(forward_passes, tokens_computed, block_copies, step_seconds, num_requests_refused). Counters carry no
-"_total" suffix; the Prometheus exporter (server/metrics_export.py) adds it.
+(forward_passes, tokens_computed, block_copies, step_seconds, num_requests_refused). Counters carry
+no "_total" suffix; the Prometheus exporter (server/metrics_export.py) adds it.
 
 Not handled yet: labels beyond one static tags dict, thread safety (one thread steps the engine).
 """
@@ -22,10 +22,9 @@ from __future__ import annotations
 import bisect
 import math
 import re
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable
 
-from minipaged.metrics_reader import PREFIX, Counter, Gauge, Histogram, MetricSnapshot, StepRecorder
+from minipaged.metrics_reader import PREFIX, Counter, Gauge, Histogram, MetricSnapshot, StepStream
 
 # Seconds, a 1-2-5 series from 1 ms to 2 minutes (roughly log spaced); +Inf is added by HistogramMetric.
 LATENCY_BUCKETS: tuple[float, ...] = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5,
@@ -109,13 +108,13 @@ Instrument = CounterMetric | GaugeMetric | HistogramMetric
 # ---------------------------------------------------------------- the registry
 
 class MetricsRegistry:
-    """Holds the engine's instruments by name, in registration order, and forwards per-step records
-    to subscribers. ``tags`` are static labels copied onto every instrument made here."""
+    """Holds the engine's instruments by name, in registration order, and the stream of per-step
+    records (``steps``, metrics_reader.py). ``tags``: static labels copied onto every instrument."""
 
     def __init__(self, tags: dict | None = None):
         self.tags = dict(tags or {})
         self._metrics: dict[str, Instrument] = {}
-        self._subscribers: list[Callable[[dict], None]] = []
+        self.steps = StepStream()  # per-step records, handed to whoever subscribes, never kept here
 
     def _get_or_make(self, cls, name: str, doc: str, **kwargs):
         existing = self._metrics.get(name)
@@ -169,43 +168,6 @@ class MetricsRegistry:
     def describe(self) -> dict[str, tuple[str, str]]:
         """{name: (kind, doc)} with kind "counter", "gauge" or "histogram" (Prometheus's type names)."""
         return {name: (m.kind, m.doc) for name, m in self._metrics.items()}
-
-    # -- per-step records: forwarded, never stored here
-
-    def subscribe(self, fn: Callable[[dict], None]) -> Callable[[dict], None]:
-        """Call ``fn(record)`` on every publish_step; subscribing the same callable twice is a no-op.
-        Returns fn, so it can be used as a decorator."""
-        if fn not in self._subscribers:
-            self._subscribers.append(fn)
-        return fn
-
-    def unsubscribe(self, fn: Callable[[dict], None]) -> None:
-        """Stop calling fn; ValueError if it was not subscribed."""
-        try:
-            self._subscribers.remove(fn)
-        except ValueError:
-            raise ValueError(f"{fn!r} is not subscribed") from None
-
-    @property
-    def listening(self) -> bool:
-        """Whether any recorder is subscribed (so a publisher can skip building records nobody reads)."""
-        return bool(self._subscribers)
-
-    def publish_step(self, record: dict) -> None:
-        """Hand one engine step's record (a dict of plain values) to every subscriber."""
-        for fn in list(self._subscribers):  # a subscriber may unsubscribe itself
-            fn(record)
-
-    @contextmanager
-    def recording(self) -> Iterator[StepRecorder]:
-        """Subscribe a fresh StepRecorder for the duration of the with-block (unsubscribed on exit,
-        also on an exception)."""
-        recorder = StepRecorder()
-        self.subscribe(recorder)
-        try:
-            yield recorder
-        finally:
-            self.unsubscribe(recorder)
 
 
 # ---------------------------------------------------------------- the engine's standard set

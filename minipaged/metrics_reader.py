@@ -6,14 +6,16 @@
 The engine keeps live instruments (metrics.py); ``LLM.get_metrics()`` returns one snapshot of each:
 a ``Counter`` or ``Gauge`` with ``.name`` and ``.value``, or a ``Histogram`` with its cumulative
 buckets (ending at +Inf, as Prometheus's "le"), ``count``, ``sum`` and an estimated ``quantile``.
-``StepRecorder`` keeps the per-step records a benchmark subscribes to (``registry.recording()``).
+``StepStream`` hands the per-step records (``step_record``) to subscribers, and a ``StepRecorder``
+keeps them for a benchmark (``with registry.steps.recording() as rec:``).
 vLLM V1 has the same kinds in vllm/v1/metrics/reader.py; its Vector kind is not here yet.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 PREFIX = "minipaged:"
@@ -77,10 +79,65 @@ class Histogram:
 MetricSnapshot = Counter | Gauge | Histogram
 
 
+class StepStream:
+    """Per-step records, forwarded to subscribers and never stored: the core publishes one after each
+    step only while someone subscribes (``subscribers`` is non-empty), so nobody listening costs
+    nothing. ``step_record`` says what a record holds."""
+
+    def __init__(self):
+        self.subscribers: list[Callable[[dict], None]] = []
+
+    def subscribe(self, fn: Callable[[dict], None]) -> Callable[[dict], None]:
+        """Call ``fn(record)`` on every publish; subscribing the same callable twice is a no-op.
+        Returns fn, so it can be used as a decorator."""
+        if fn not in self.subscribers:
+            self.subscribers.append(fn)
+        return fn
+
+    def unsubscribe(self, fn: Callable[[dict], None]) -> None:
+        """Stop calling fn; ValueError if it was not subscribed."""
+        try:
+            self.subscribers.remove(fn)
+        except ValueError:
+            raise ValueError(f"{fn!r} is not subscribed") from None
+
+    def publish(self, record: dict) -> None:
+        """Hand one engine step's record (a dict of plain values) to every subscriber."""
+        for fn in list(self.subscribers):  # a subscriber may unsubscribe itself
+            fn(record)
+
+    @contextmanager
+    def recording(self) -> Iterator[StepRecorder]:
+        """Subscribe a fresh StepRecorder for the duration of the with-block (unsubscribed on exit,
+        also on an exception)."""
+        recorder = StepRecorder()
+        self.subscribe(recorder)
+        try:
+            yield recorder
+        finally:
+            self.unsubscribe(recorder)
+
+
+def step_record(core, plan, output) -> dict:
+    """What the pool and the queues were at one step, as the forward pass saw them (before the step's
+    output changes them); the core adds ``step_seconds`` once the step is over."""
+    policy, scheduler = core.policy, core.scheduler
+    usage = policy.usage()
+    record = {"step": core.num_steps, "forward_seconds": output.forward_seconds,
+              "batch_size": len(plan.work), "num_tokens": plan.num_tokens, "num_decodes": plan.num_decodes,
+              "num_prefill_tokens": plan.num_prefill_tokens, "preempted": plan.preempted,
+              "kv_utilization": usage.utilization, "kv_occupied": usage.occupied / usage.total,
+              "running": len(scheduler.running), "waiting": len(scheduler.waiting), "swapped": len(scheduler.swapped)}
+    if policy.shares_blocks:
+        sharing = policy.sharing()
+        record["blocks_physical"], record["blocks_logical"] = sharing.physical_blocks, sharing.logical_blocks
+    return record
+
+
 class StepRecorder:
     """A subscriber that keeps every published step record (a shallow copy) in ``.records``: for a
     benchmark that wants the timeline of one run. Its memory grows with the run, so subscribe it only
-    for as long as needed (``with registry.recording() as rec:``)."""
+    for as long as needed (``with registry.steps.recording() as rec:``)."""
 
     def __init__(self):
         self.records: list[dict] = []

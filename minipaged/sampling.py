@@ -6,19 +6,12 @@
     step_outputs(work, draw, rank) one SeqOutput per planned sequence: its tokens (a draft checked row
                                    by row, spec/verify.py), its forks' first tokens, or a beam's candidates
 
-A row gives a token through logit bias, penalties and the min_tokens mask, then greedy, temperature,
-top-k, min-p and top-p. The penalties follow vLLM's order and change greedy picks too:
+A row gives a token through logit bias, penalties and the min_tokens mask (penalties.py), then
+greedy, temperature, top-k, min-p and top-p. Log-probabilities come from the raw logits, as vLLM V1
+reports them. Each sample draws from its own torch.Generator, seeded from SamplingParams.seed, so its
+tokens do not depend on the batch.
 
-    logits[t] += logit_bias[t]
-    logits[t] /= repetition_penalty if logits[t] > 0 else 1 / repetition_penalty   (t in prompt or output)
-    logits[t] -= frequency_penalty * count(t in output) + presence_penalty * (t in output)
-    logits[t] = -inf  for EOS and the stop token ids while the output is shorter than min_tokens
-
-Log-probabilities come from the raw logits, as vLLM V1 reports them; a scaled logit stays within
-±LOGIT_LIMIT, so an extreme penalty cannot make the softmax NaN. Each sample draws from its own
-torch.Generator, seeded from SamplingParams.seed, so its tokens do not depend on the batch.
-
-Not handled yet: penalties for the whole batch at once on the device (this is one row at a time).
+Not handled yet: sampling the whole batch at once on the device (this is one row at a time).
 """
 from __future__ import annotations
 
@@ -26,6 +19,7 @@ from typing import NamedTuple
 
 import torch
 
+from minipaged.penalties import penalized_logits, without_stop_tokens
 from minipaged.sampling_params import SamplingParams
 from minipaged.spec.verify import verify
 from minipaged.step import Sampled, SeqOutput
@@ -46,41 +40,6 @@ def sample_seed(seed: int | None, index: int) -> int | None:
     if seed is None:
         return None
     return (seed + index * 0x9E3779B97F4A7C15) % (2**63)
-
-
-# How far the repetition penalty may push a logit either way. Divided by the smallest temperature that
-# samples (1e-5), it is still a finite float32 (the largest is about 3.4e38).
-LOGIT_LIMIT = 1e30
-
-
-def penalized_logits(logits: torch.Tensor, params: SamplingParams, prompt_ids: list[int],
-                     output_ids: list[int]) -> torch.Tensor:
-    """logits [V] with params' logit bias and penalties applied (a new float32 tensor; see above)."""
-    logits = logits.float().clone()  # [V]
-    vocab = logits.shape[-1]
-    if params.logit_bias:
-        ids = torch.tensor(list(params.logit_bias), dtype=torch.long)
-        logits.index_add_(0, ids, torch.tensor(list(params.logit_bias.values()), dtype=torch.float32))
-    counts = torch.bincount(torch.tensor(output_ids, dtype=torch.long), minlength=vocab)  # [V]
-    if params.repetition_penalty != 1:
-        seen = counts > 0  # [V]
-        if prompt_ids:
-            seen[torch.tensor(prompt_ids, dtype=torch.long)] = True
-        # in float64, then clamped: any penalty above 0 is allowed, and 1e-300 or 1e300 (or 1e-37 on
-        # a biased logit of 100) would make a float32 logit infinite, and softmax over it NaN
-        wide, p = logits.double(), params.repetition_penalty  # [V]
-        scaled = torch.where(wide > 0, wide * (1 / p), wide * p).clamp(-LOGIT_LIMIT, LOGIT_LIMIT)  # [V]
-        logits = torch.where(seen, scaled.float(), logits)
-    logits -= params.frequency_penalty * counts + params.presence_penalty * (counts > 0)
-    return logits
-
-
-def without_stop_tokens(logits: torch.Tensor, params: SamplingParams, eos_token_id: int | None) -> torch.Tensor:
-    """logits [V] with EOS and params.stop_token_ids at -inf (a new tensor): while an output is
-    shorter than min_tokens, vLLM's sampler never chooses a token that would end it (even with
-    ignore_eos, EOS is masked). SamplingParams.validate_for keeps at least one other token."""
-    ids = list(params.stop_token_ids) + ([] if eos_token_id is None or eos_token_id < 0 else [eos_token_id])
-    return logits.index_fill(0, torch.tensor(ids, dtype=torch.long), float("-inf"))
 
 
 def processed_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:

@@ -29,7 +29,7 @@ from minipaged.sampling_params import BeamSearchParams
 root = os.path.dirname(minipaged.__file__)
 top = os.path.dirname(root)
 MUT = {"allocate", "append_slots", "commit_tokens", "fork", "free", "truncate", "drain_copies", "detach", "attach",
-       "release", "take", "share", "reuse"}
+       "attach_swapped", "release", "take", "share", "reuse"}
 
 
 def rel(f):

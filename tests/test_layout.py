@@ -2,85 +2,22 @@
 other in a circle, and the engine runs with the lab deleted.
 
 Imports are read from the source (every ``import`` and ``from ... import``, at module level or inside
-a function), so an import made lazily counts as much as one at the top. The one import of the lab an
-engine module may make is the command line's: ``python -m minipaged bench|simulate`` hands its
-arguments to minipaged/lab/cli.py (minipaged/cli.py imports it inside ``main``).
+a function; minipaged/lab/architecture.py reads them), so an import made lazily counts as much as
+one at the top. The one import of the lab an engine module may make is the command line's:
+``python -m minipaged bench|simulate`` hands its arguments to minipaged/lab/cli.py (minipaged/cli.py
+imports it inside ``main``).
 """
 
 from __future__ import annotations
 
-import ast
 import os
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-PACKAGE = ROOT / "minipaged"
-LAB = "minipaged.lab"
+from minipaged.lab.architecture import LAB, PACKAGE, cycle, graph
+
 CLI_DISPATCH = {("minipaged.cli", "minipaged.lab.cli")}  # the command line's lazy hand-off to the lab
-
-
-def module_name(path: Path) -> str:
-    parts = path.relative_to(ROOT).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
-def modules() -> dict[str, Path]:
-    return {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
-
-
-def imports(path: Path, known: dict[str, Path]) -> set[str]:
-    """The package's modules that the file at ``path`` imports, anywhere in it."""
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            # ``from pkg import sub`` imports the module pkg.sub when there is one, else pkg itself
-            names = [f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in known else node.module
-                     for a in node.names]
-        else:
-            continue
-        for name in names:
-            while name and name not in known:  # ``import a.b.c`` of a module a.b: a.b
-                name = name.rpartition(".")[0]
-            if name.startswith("minipaged"):
-                found.add(name)
-    return found
-
-
-def graph() -> dict[str, set[str]]:
-    known = modules()
-    return {name: imports(path, known) - {name} for name, path in known.items()}
-
-
-def cycle(edges: dict[str, set[str]]) -> list[str] | None:
-    """One import circle, as the list of modules around it, or None."""
-    state: dict[str, int] = {}  # 1: on the current path, 2: done
-    path: list[str] = []
-
-    def visit(node):
-        state[node] = 1
-        path.append(node)
-        for nxt in sorted(edges.get(node, ())):
-            if state.get(nxt) == 1:
-                return path[path.index(nxt):] + [nxt]
-            if nxt not in state:
-                found = visit(nxt)
-                if found:
-                    return found
-        path.pop()
-        state[node] = 2
-        return None
-
-    for node in sorted(edges):
-        if node not in state:
-            found = visit(node)
-            if found:
-                return found
-    return None
 
 
 def test_the_engine_never_imports_the_lab():

@@ -16,7 +16,7 @@ PATH = re.compile(r"vllm/[A-Za-z0-9_/]+\.(?:py|cu|cuh|h)\b")
 RELEASE = re.compile(r"\bv0\.\d+(?:\.\d+)*\b|\bvLLM\s+0\.\d+|\breleases? such as\b")
 
 CHECKED = frozenset("""
-vllm/_custom_ops.py vllm/attention/backends/utils.py vllm/attention/layer.py
+vllm/_custom_ops.py vllm/attention/backends/utils.py vllm/attention/layer.py vllm/beam_search.py
 vllm/core/block/block_table.py vllm/core/block/common.py vllm/core/block/prefix_caching_block.py
 vllm/core/block_manager.py vllm/core/interfaces.py vllm/core/scheduler.py vllm/engine/arg_utils.py
 vllm/engine/async_llm_engine.py vllm/engine/llm_engine.py vllm/entrypoints/launcher.py
@@ -27,7 +27,7 @@ vllm/v1/core/kv_cache_manager.py vllm/v1/core/kv_cache_utils.py vllm/v1/core/sch
 vllm/v1/engine/async_llm.py vllm/v1/engine/core.py vllm/v1/engine/core_client.py
 vllm/v1/engine/detokenizer.py vllm/v1/engine/llm_engine.py vllm/v1/engine/output_processor.py
 vllm/v1/engine/parallel_sampling.py vllm/v1/engine/processor.py vllm/v1/kv_cache_interface.py vllm/v1/request.py
-vllm/v1/metrics/loggers.py vllm/v1/metrics/reader.py vllm/v1/sample/rejection_sampler.py
+vllm/v1/metrics/loggers.py vllm/v1/metrics/reader.py vllm/v1/sample/rejection_sampler.py vllm/v1/sample/sampler.py
 vllm/v1/serial_utils.py vllm/v1/spec_decode/utils.py vllm/v1/worker/block_table.py vllm/v1/worker/gpu_model_runner.py
 vllm/v1/worker/gpu_worker.py vllm/worker/cache_engine.py vllm/worker/model_runner.py vllm/worker/worker.py
 """.split())

@@ -11,16 +11,10 @@ one per chapter, all selectable by name through ``make_policy``:
     prefix_caching ch07  shared + full blocks found again by their tokens     prefix_cache.py
 """
 
-from minipaged.kv.base import (
-    RESERVATION_RULES,
-    KVPolicy,
-    NoFreeMemory,
-    ReservationExceeded,
-    Usage,
-    reservation_tokens,
-)
+from minipaged.kv.audit import Sharing
+from minipaged.kv.base import KVPolicy, NoFreeMemory, ReservationExceeded, Usage
 from minipaged.kv.block_table import BlockPool, BlockTablePolicy
-from minipaged.kv.contiguous import ContiguousArena
+from minipaged.kv.contiguous import RESERVATION_RULES, ContiguousArena, reservation_tokens
 from minipaged.kv.factory import (
     ALL_POLICIES,
     POLICIES,
@@ -32,7 +26,7 @@ from minipaged.kv.factory import (
 from minipaged.kv.fixed_blocks import FixedBlockPolicy
 from minipaged.kv.on_demand import OnDemandPolicy
 from minipaged.kv.prefix_cache import PrefixBlockPool, PrefixCachingPolicy
-from minipaged.kv.shared import RefCountedBlockPool, SharedPolicy, Sharing
+from minipaged.kv.shared import RefCountedBlockPool, SharedPolicy
 
 __all__ = [
     "KVPolicy", "Usage", "NoFreeMemory", "ReservationExceeded", "RESERVATION_RULES", "reservation_tokens",

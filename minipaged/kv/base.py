@@ -32,11 +32,6 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 from dataclasses import asdict, dataclass
 
-RESERVATION_RULES = ("max", "pow2", "oracle")
-# What one slot holds, for pictures of the pool (simulator/sim.py draws them, plots/memory_map.py colours
-# them): the five parts of the waste accounting below.
-FREE, TOKEN, RESERVED, INTERNAL, EXTERNAL = 0, 1, 2, 3, 4
-
 
 class NoFreeMemory(RuntimeError):
     """The request would fit in an empty pool, but not in the free memory left now."""
@@ -84,32 +79,6 @@ class SequenceState:
     num_tokens: int = 0
 
 
-def next_power_of_two(n: int) -> int:
-    return 1 << (n - 1).bit_length()
-
-
-def reservation_tokens(rule: str, prompt_len: int, max_new_tokens: int, final_len: int | None,
-                       max_model_len: int) -> int:
-    """How many token slots a reserving policy sets aside at admission (the Orca variants).
-
-    "max"     the model's maximum length, whatever the request: what a server without any
-              knowledge of the output must do.
-    "pow2"    the next power of two of prompt_len + max_new_tokens (at most max_model_len): an
-              allocator that rounds sizes up, over-reserving by less than 2x.
-    "oracle"  exactly the final length (prompt + real output): impossible in practice, the best a
-              reserving design could ever do. Without final_len, prompt_len + max_new_tokens.
-    """
-    # exercise 01.1: begin
-    if rule == "max":
-        return max_model_len
-    if rule == "pow2":
-        return min(next_power_of_two(prompt_len + max_new_tokens), max_model_len)
-    if rule == "oracle":
-        return final_len if final_len is not None else prompt_len + max_new_tokens
-    raise ValueError(f"reservation={rule!r} is not known; choose one of {list(RESERVATION_RULES)}")
-    # exercise 01.1: end
-
-
 def check_positive_int(name: str, value, minimum: int = 1) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
@@ -150,7 +119,7 @@ class KVPolicy:
     shares_blocks = False  # True for policies with fork / copy-on-write (chapter 05, kv/shared.py)
     caches_prefixes = False  # True when allocate(..., token_ids=) can find cached blocks (chapter 07)
     can_fork = False  # True when fork(parent, child) exists: beam search needs it (chapter 05)
-    can_swap = False  # True when detach / attach exist: preemption by swap (chapter 06)
+    can_swap = False  # True when detach / attach_swapped exist: preemption by swap (chapter 06)
     bounded = True  # the pool has a size (False only for chapter 00's UnboundedPolicy)
     watermark_blocks = 0  # free blocks admission leaves for growth (chapter 04's on_demand sets it)
 

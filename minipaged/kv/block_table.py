@@ -12,14 +12,15 @@ of chapters 01-02); chapter 04 (on_demand.py) grows the table as tokens arrive i
 ``_slots_needed`` / ``_fits_now`` (what admission takes) and ``_grow`` (here: refuse). Chapter 05
 passes a reference-counted pool and overrides ``_block_for_write``.
 
-Not handled: sharing blocks between sequences. Swapping (chapter 06) uses ``detach`` / ``attach``:
-kv/swap.py gives the table blocks of the other pool, this policy only hands it over and back.
+Not handled: sharing blocks between sequences. Swapping (chapter 06) uses ``detach`` /
+``attach_swapped``: kv/swap.py moves the blocks' contents, this policy hands over the table.
 """
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
 
+from minipaged.kv.audit import check_policy, check_pool
 from minipaged.kv.base import (
     KVPolicy,
     NoFreeMemory,
@@ -27,12 +28,14 @@ from minipaged.kv.base import (
     SequenceState,
     blocks_for,
     check_positive_int,
-    reservation_tokens,
 )
-from minipaged.kv.invariants import check_pool, check_policy
+from minipaged.kv.contiguous import reservation_tokens
 
 
 class BlockPool:
+    counts_references = False  # chapter 05's pool counts the tables holding each block (kv/shared.py)
+    caches_blocks = False  # chapter 07's pool finds full blocks by their tokens (kv/prefix_cache.py)
+
     def __init__(self, num_blocks: int):
         self.num_blocks = check_positive_int("num_blocks", num_blocks)
         self._free_queue: deque[int] = deque(range(num_blocks))
@@ -70,7 +73,7 @@ class BlockPool:
         # exercise 03.1: end
 
     def check_invariants(self) -> None:
-        check_pool(self)  # what the pool promises: kv/invariants.py
+        check_pool(self)  # what the pool promises: kv/audit.py
 
 
 @dataclass
@@ -78,9 +81,31 @@ class BlockTable(SequenceState):
     blocks: list[int] = field(default_factory=list)  # logical block i -> physical block blocks[i]
 
 
+def relocate(tables: dict, pool) -> tuple[dict, dict[int, int]]:
+    """Give ``tables`` ({seq_id: table of blocks in another pool}) blocks of ``pool``: one fresh block
+    for each distinct block, taken all at once (NoFreeMemory, nothing taken, if too few are free), and
+    a block that several tables share stays shared here. Returns ({seq_id: the table with the new
+    blocks, all else kept}, {old block: new block}): swapping out (device -> CPU) and back in."""
+    from dataclasses import replace
+
+    fresh = iter(pool.take(len({b for t in tables.values() for b in t.blocks})))
+    moved: dict[int, int] = {}
+    new_tables = {}
+    for seq_id, table in tables.items():
+        blocks = []
+        for block in table.blocks:
+            if block in moved:
+                pool.share([moved[block]])
+            else:
+                moved[block] = next(fresh)
+            blocks.append(moved[block])
+        new_tables[seq_id] = replace(table, blocks=blocks)
+    return new_tables, moved
+
+
 class BlockTablePolicy(KVPolicy):
     name = "block_table"
-    can_swap = True  # detach / attach: chapter 06's swap space moves a table out and back
+    can_swap = True  # detach / attach_swapped: chapter 06's swap space moves a table out and back
     pool_class = BlockPool  # what a policy builds when not handed a pool (chapter 05 counts references)
 
     def __init__(self, num_slots: int, block_size: int = 16, max_model_len: int = 2048,
@@ -188,13 +213,22 @@ class BlockTablePolicy(KVPolicy):
         self.pool.release(table.blocks[::-1])
         return table
 
+    def attach_swapped(self, tables: dict) -> dict[int, int]:
+        """Take swapped-out sequences back: ``tables`` {seq_id: table whose blocks are swap-space
+        blocks}. Each distinct swap block gets a fresh device block (one shared by several tables
+        stays shared); returns {swap block: device block}. NoFreeMemory, nothing changed, if the pool
+        has too few free blocks."""
+        new_tables, to_device = relocate(tables, self.pool)
+        for seq_id, table in new_tables.items():
+            self.attach(seq_id, table)
+        return to_device
+
     def attach(self, seq_id, table: BlockTable) -> None:
-        """Put a sequence back whose table holds references the caller took from this pool (a swap-in,
-        kv/swap.py)."""
+        """Put a sequence back whose table holds references the caller took from this pool."""
         if seq_id in self._seqs:
             raise ValueError(f"seq_id={seq_id!r} is already allocated; free it first")
         self._seqs[seq_id] = table
 
     def check_invariants(self) -> None:
-        """Assert that the books agree (kv/invariants.py: what each stage promises)."""
+        """Assert that the books agree (kv/audit.py: what each stage promises)."""
         check_policy(self)

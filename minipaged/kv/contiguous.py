@@ -22,12 +22,35 @@ from __future__ import annotations
 from bisect import bisect_left, insort
 from dataclasses import dataclass
 
-from minipaged.kv.base import (
-    KVPolicy,
-    ReservationExceeded,
-    SequenceState,
-    reservation_tokens,
-)
+from minipaged.kv.base import KVPolicy, ReservationExceeded, SequenceState
+
+RESERVATION_RULES = ("max", "pow2", "oracle")  # how much a reserving policy sets aside (chapters 01-03)
+
+
+def next_power_of_two(n: int) -> int:
+    return 1 << (n - 1).bit_length()
+
+
+def reservation_tokens(rule: str, prompt_len: int, max_new_tokens: int, final_len: int | None,
+                       max_model_len: int) -> int:
+    """How many token slots a reserving policy sets aside at admission (the Orca variants).
+
+    "max"     the model's maximum length, whatever the request: what a server without any
+              knowledge of the output must do.
+    "pow2"    the next power of two of prompt_len + max_new_tokens (at most max_model_len): an
+              allocator that rounds sizes up, over-reserving by less than 2x.
+    "oracle"  exactly the final length (prompt + real output): impossible in practice, the best a
+              reserving design could ever do. Without final_len, prompt_len + max_new_tokens.
+    """
+    # exercise 01.1: begin
+    if rule == "max":
+        return max_model_len
+    if rule == "pow2":
+        return min(next_power_of_two(prompt_len + max_new_tokens), max_model_len)
+    if rule == "oracle":
+        return final_len if final_len is not None else prompt_len + max_new_tokens
+    raise ValueError(f"reservation={rule!r} is not known; choose one of {list(RESERVATION_RULES)}")
+    # exercise 01.1: end
 
 
 @dataclass

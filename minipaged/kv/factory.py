@@ -13,9 +13,9 @@ shared and prefix_caching reserve nothing ahead and ignore it. The contiguous ar
 
 from __future__ import annotations
 
-from minipaged.kv.base import RESERVATION_RULES, KVPolicy
+from minipaged.kv.base import KVPolicy
 from minipaged.kv.block_table import BlockTablePolicy
-from minipaged.kv.contiguous import ContiguousArena
+from minipaged.kv.contiguous import RESERVATION_RULES, ContiguousArena
 from minipaged.kv.fixed_blocks import FixedBlockPolicy
 from minipaged.kv.on_demand import OnDemandPolicy
 from minipaged.kv.prefix_cache import PrefixCachingPolicy

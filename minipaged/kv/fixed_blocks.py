@@ -25,8 +25,8 @@ from minipaged.kv.base import (
     ReservationExceeded,
     SequenceState,
     blocks_for,
-    reservation_tokens,
 )
+from minipaged.kv.contiguous import reservation_tokens
 
 
 @dataclass

@@ -64,6 +64,8 @@ class PrefixBlockPool(RefCountedBlockPool):
     blocks nobody holds (in LRU order, evicted when the first list is empty). ``num_free`` counts both.
     """
 
+    caches_blocks = True
+
     def __init__(self, num_blocks: int):
         super().__init__(num_blocks)
         self._block_of: dict[BlockKey, int] = {}  # the cache: key -> block
@@ -328,9 +330,3 @@ class PrefixCachingPolicy(SharedPolicy):
 
     def num_cached_blocks(self) -> int:
         return self.pool.num_cached
-
-    def snapshot(self) -> dict:
-        snap = super().snapshot()
-        snap["cached"] = sorted(self.pool._key_of)
-        snap["evictable"] = list(self.pool._evictable)
-        return snap

@@ -11,8 +11,8 @@ sequence's fork gets its parent's blocks:
 Only a partly filled last block is ever written, so a fork costs nothing up front and at most one
 block copy per branch later. The policy keeps the books: the scheduler puts ``drain_copies()`` in
 each step's plan, and the runner copies the blocks before any new K/V is written. Its invariants
-(kv/invariants.py): a block's count equals the tables holding it, and no shared block is written.
-``usage()`` counts a shared block once; ``sharing()`` says how many blocks sharing saved.
+(kv/audit.py): a block's count equals the tables holding it, and no shared block is written.
+``usage()`` counts a shared block once; ``sharing()`` says how many blocks sharing saved (kv/audit.py).
 
 Everything else is chapter 04's on-demand allocation. Not handled: sharing between unrelated
 requests (chapter 07's prefix cache).
@@ -20,8 +20,8 @@ requests (chapter 07's prefix cache).
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
 
+from minipaged.kv.audit import Sharing, sharing, snapshot
 from minipaged.kv.base import NoFreeMemory, Usage, check_positive_int
 from minipaged.kv.block_table import BlockPool, BlockTable
 from minipaged.kv.on_demand import OnDemandPolicy
@@ -30,6 +30,8 @@ from minipaged.kv.on_demand import OnDemandPolicy
 class RefCountedBlockPool(BlockPool):
     """A block pool whose blocks carry reference counts: ``take`` hands a block out with count 1,
     ``share`` adds holders, ``release`` removes one holder and frees the block when none is left."""
+
+    counts_references = True
 
     def __init__(self, num_blocks: int):
         super().__init__(num_blocks)
@@ -62,23 +64,6 @@ class RefCountedBlockPool(BlockPool):
             if self._refs[block] == 0:
                 super().release([block])
         # exercise 05.1: end
-
-@dataclass(frozen=True)
-class Sharing:
-    """Blocks in use with sharing, and what the same sequences would hold without it."""
-
-    physical_blocks: int  # distinct blocks held by some table
-    logical_blocks: int  # sum of table lengths: the blocks an unshared policy would need
-    shared_blocks: int  # blocks held by more than one table
-
-    @property
-    def saved_blocks(self) -> int:
-        return self.logical_blocks - self.physical_blocks
-
-    @property
-    def saved_fraction(self) -> float:
-        return self.saved_blocks / self.logical_blocks if self.logical_blocks else 0.0
-
 
 class SharedPolicy(OnDemandPolicy):
     name = "shared"
@@ -192,31 +177,12 @@ class SharedPolicy(OnDemandPolicy):
             self._copies = [(src, dst) for src, dst in self._copies if not self.pool.is_free(dst)]
 
     def snapshot(self) -> dict:
-        """Plain data for pictures and notebooks: each sequence's table and token count, each held
-        block's reference count and fill, and the copies not made yet."""
-        bs = self.block_size
-        fill: dict[int, int] = {}
-        for table in self._seqs.values():
-            for i, block in enumerate(table.blocks):
-                fill[block] = max(fill.get(block, 0), min(max(table.num_tokens - i * bs, 0), bs))
-        return {"block_size": bs, "num_blocks": self.num_blocks,
-                "tables": {seq_id: list(t.blocks) for seq_id, t in self._seqs.items()},
-                "tokens": {seq_id: t.num_tokens for seq_id, t in self._seqs.items()},
-                "refs": {b: self.pool.ref_count(b) for b in sorted(fill)}, "fill": dict(sorted(fill.items())),
-                "copies": list(self._copies)}
-
-    # ---- accounting -------------------------------------------------------------------------
-
-    def _holders(self) -> Counter:
-        holders: Counter = Counter()
-        for table in self._seqs.values():
-            holders.update(table.blocks)
-        return holders
+        """The books as plain data, for pictures and notebooks (kv/audit.py)."""
+        return snapshot(self)
 
     def sharing(self) -> Sharing:
-        holders = self._holders()
-        return Sharing(physical_blocks=len(holders), logical_blocks=sum(holders.values()),
-                       shared_blocks=sum(count > 1 for count in holders.values()))
+        """Blocks in use against what the same tables would hold unshared (kv/audit.py)."""
+        return sharing(self)
 
     def usage(self, head=None) -> Usage:
         """Like every policy's usage, but a shared block counts once. Its empty tail counts as

@@ -14,8 +14,8 @@ back, and hands them over here:
     can_swap_out(policy, seq_ids) -> bool       room here for every block the sequences hold?
     swap_out(tables) -> [(dev, cpu)]            tables the policy let go of (policy.detach) live here
     blocks_to_resume(appends)                   device blocks a swap-in and the next step's tokens take
-    swap_in(seq_ids, policy) -> [(cpu, dev)]    fresh device blocks for them, the tables back to the
-                                                policy (policy.attach), forgotten here
+    tables_of(seq_ids) -> {seq_id: table}       what to hand back to the policy (policy.attach_swapped)
+    swap_in(seq_ids, to_device) -> [(cpu, dev)] forget them once the policy has them back
 
 A request's sequences move together. Blocks that several of them share (parallel samples share the
 prompt, chapter 05) are copied **once** and stay shared on both sides: this pool counts references
@@ -27,18 +27,18 @@ swap-outs (device -> CPU), swap-ins (CPU -> device), then copies on write. A dev
 swap-out can be handed to someone else in the same step; its old contents leave first.
 
 Works with the block-table policies (block_table, on_demand, shared, prefix_caching): they declare
-``can_swap``, let go of a sequence's blocks (``detach``) and take a table back (``attach``) whose
-fresh device blocks this module took from the policy's pool. The scheduler calls this module; it
-counts nothing (the scheduler counts the swaps). Not handled: partial swapping (a request moves
+``can_swap``, let go of a sequence's blocks (``detach``) and take a swapped table back into fresh
+blocks (``attach_swapped``). The scheduler calls this module; it changes the device pool only
+through those two calls. It counts nothing: the scheduler counts the swaps (scheduler/continuous.py).
+Not handled: partial swapping (a request moves
 whole), swapping to disk; with a prefix cache (chapter 07), a block that other requests still hold
 is copied out and back in anyway, into a block of its own, so that sharing is lost after a swap.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from minipaged.kv.base import blocks_for
+from minipaged.kv.block_table import relocate
 from minipaged.kv.shared import RefCountedBlockPool
 
 
@@ -46,26 +46,6 @@ def swap_blocks_for(args, policy) -> int:
     """CPU blocks of the swap space a configuration asks for (0: none), for the scheduler's books and
     the runner's tensors alike."""
     return args.swap_tokens // policy.block_size if policy.can_swap else 0
-
-
-def relocate(tables: dict, pool) -> tuple[dict, dict[int, int]]:
-    """Give ``tables`` ({seq_id: table of blocks in another pool}) blocks of ``pool``: one fresh block
-    for each distinct block, taken all at once (NoFreeMemory, nothing taken, if too few are free), and
-    a block that several tables share stays shared here. Returns ({seq_id: the table with the new
-    blocks, all else kept}, {old block: new block}): swapping out (device -> CPU) and back in."""
-    fresh = iter(pool.take(len({b for t in tables.values() for b in t.blocks})))
-    moved: dict[int, int] = {}
-    new_tables = {}
-    for seq_id, table in tables.items():
-        blocks = []
-        for block in table.blocks:
-            if block in moved:
-                pool.share([moved[block]])
-            else:
-                moved[block] = next(fresh)
-            blocks.append(moved[block])
-        new_tables[seq_id] = replace(table, blocks=blocks)
-    return new_tables, moved
 
 
 class SwapSpace:
@@ -132,14 +112,10 @@ class SwapSpace:
         """The swapped tables of these sequences ({seq_id: table whose blocks are CPU blocks})."""
         return {seq_id: self._tables[seq_id] for seq_id in seq_ids}
 
-    def swap_in(self, seq_ids, policy) -> list[tuple[int, int]]:
-        """Hand these sequences back to the device: each distinct swap block gets a fresh block of the
-        policy's pool (one that several tables share stays shared), the policy takes each table back
-        (``policy.attach``), and they are forgotten here. Returns the (CPU block, device block)
-        copies to make. NoFreeMemory, nothing changed, if the device pool has too few free blocks."""
-        new_tables, to_device = relocate(self.tables_of(seq_ids), policy.pool)
-        for seq_id, table in new_tables.items():
-            policy.attach(seq_id, table)
+    def swap_in(self, seq_ids, to_device: dict[int, int]) -> list[tuple[int, int]]:
+        """The policy has taken these sequences back (``policy.attach_swapped`` returned
+        ``to_device``, {CPU block: device block}): forget them here. Returns the (CPU block, device
+        block) copies to make."""
         for seq_id in seq_ids:
             self.pool.release(self._tables.pop(seq_id).blocks)
         return list(to_device.items())

@@ -3,6 +3,7 @@
     python -m minipaged.lab.request_path                  the default LLM("smollm2-135m"), one chat request
     python -m minipaged.lab.request_path --model tiny     the same on random weights (no download)
     python -m minipaged.lab.request_path --markdown       the table the architecture page shows
+    PYTHONPATH=/tmp/before python minipaged/lab/request_path.py   another checkout's package, traced
 
 It loads the model and answers one chat request to warm up (the first one builds what later ones
 reuse), then answers a second with a profiler hook on (``sys.setprofile``) that notes every Python
@@ -18,20 +19,21 @@ import json
 import sys
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parents[1]  # minipaged/
-ROOT = PACKAGE.parent
 MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
 
 
-def trace(model: str = "smollm2-135m", max_tokens: int = 8) -> list[dict]:
-    """[{"path": "minipaged/...", "lines": n}] for the files one chat request runs, in first-call order."""
+def trace(model="smollm2-135m", max_tokens: int = 8) -> list[dict]:
+    """[{"path": "minipaged/...", "lines": n}] for the files one chat request runs, in first-call order.
+    ``model``: a model's name, or an LLM already loaded (its default options are what is traced)."""
+    import minipaged
     from minipaged import LLM, SamplingParams
 
-    llm = LLM(model)
+    package = Path(minipaged.__file__).resolve().parent  # the one imported: another checkout's, with PYTHONPATH
+    llm = LLM(model) if isinstance(model, str) else model
     params = SamplingParams(temperature=0, max_tokens=max_tokens)
     llm.chat(MESSAGES, params, use_tqdm=False)  # warm-up: what only the first request builds
     seen: dict[str, None] = {}
-    prefix = str(PACKAGE) + "/"
+    prefix = str(package) + "/"
 
     def hook(frame, event, arg):
         if event == "call":
@@ -44,7 +46,8 @@ def trace(model: str = "smollm2-135m", max_tokens: int = 8) -> list[dict]:
         llm.chat(MESSAGES, params, use_tqdm=False)
     finally:
         sys.setprofile(None)
-    return [{"path": str(Path(f).relative_to(ROOT)), "lines": len(Path(f).read_text().splitlines())} for f in seen]
+    return [{"path": str(Path(f).relative_to(package.parent)), "lines": len(Path(f).read_text().splitlines())}
+            for f in seen]
 
 
 def markdown(files: list[dict]) -> str:

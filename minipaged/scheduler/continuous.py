@@ -170,7 +170,8 @@ class ContinuousScheduler:
                     continue
                 return
             self.swapped.popleft()
-            copies = self.swap_space.swap_in(ids, self.policy)  # into fresh device blocks
+            to_device = self.policy.attach_swapped(self.swap_space.tables_of(ids))  # fresh device blocks
+            copies = self.swap_space.swap_in(ids, to_device)
             plan.swap_in += copies
             self._count("blocks_swapped_in", len(copies))
             request.status = RequestStatus.RUNNING

@@ -97,7 +97,7 @@ def test_greedy_with_repetition_penalty_equals_hf_generate(real_llm, hf, kind, t
     at the end-of-sequence token. The first difference, if any, must be a near tie of the penalized
     logits (the engine multiplies by 1 / penalty where HF divides: the last bit may differ)."""
     from minipaged import SamplingParams
-    from minipaged.sampling import penalized_logits
+    from minipaged.penalties import penalized_logits
 
     _, hf_model = hf
     ids = real_llm.tokenizer.encode(prompt_text(real_llm, kind, text))

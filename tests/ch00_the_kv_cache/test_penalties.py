@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from minipaged import LLM, SamplingParams
-from minipaged.sampling import penalized_logits
+from minipaged.penalties import penalized_logits
 
 
 def naive_penalties(logits, prompt, output, presence=0.0, frequency=0.0, repetition=1.0, bias=None):
@@ -203,7 +203,8 @@ def test_an_extreme_repetition_penalty_keeps_every_logit_finite(penalty):
     100) is an infinite logit, and a softmax over it NaN: the sampler failed, and with it the whole
     engine step of every request in the batch. The scaled logits stay within ±LOGIT_LIMIT instead,
     in the order the penalty puts them."""
-    from minipaged.sampling import LOGIT_LIMIT, sample_token
+    from minipaged.penalties import LOGIT_LIMIT
+    from minipaged.sampling import sample_token
 
     logits = torch.tensor([3.0, -2.0, 0.0, 5.0, -7.0, 1.0])
     params = SamplingParams(repetition_penalty=penalty, logit_bias={0: 100.0, 3: 100.0}, temperature=1e-5)

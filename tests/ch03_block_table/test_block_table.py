@@ -93,7 +93,7 @@ def test_check_invariants_catches_a_block_in_two_tables():
 
 def test_later_chapters_can_extend_block_ownership():
     """Copy-on-write will let a block sit in several tables. The checks read the stage a policy
-    declares (kv/invariants.py): a policy that says it shares blocks is checked by reference count,
+    declares (kv/audit.py): a policy that says it shares blocks is checked by reference count,
     so sharing is fine there, and a count that disagrees with the tables is caught instead."""
     from minipaged.kv.shared import SharedPolicy
 

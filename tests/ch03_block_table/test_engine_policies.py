@@ -25,7 +25,7 @@ def oracle_outputs():
 def test_same_greedy_tokens_as_per_request(oracle_outputs, policy, reservation):
     llm = LLM("tiny", kv_policy=policy, reservation=reservation, kv_capacity_tokens=4096, max_model_len=256,
               progress=False)
-    with llm.engine.metrics.recording() as rec:
+    with llm.engine.metrics.steps.recording() as rec:
         outs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outs] == oracle_outputs
     assert max(rec.series("batch_size")) == len(PROMPTS)  # they really ran batched
@@ -38,7 +38,7 @@ def test_small_pool_queues_requests_and_still_agrees(oracle_outputs, policy, res
     blocks = {} if policy == "contiguous" else {"block_size": 8}  # the arena's unit is one slot
     llm = LLM("tiny", kv_policy=policy, reservation=reservation, kv_capacity_tokens=512, max_model_len=256,
               progress=False, **blocks)
-    with llm.engine.metrics.recording() as rec:
+    with llm.engine.metrics.steps.recording() as rec:
         outs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outs] == oracle_outputs
     if policy != "on_demand" and reservation == "max":
@@ -102,7 +102,7 @@ def test_real_model_same_tokens_under_every_policy(real_llm):
         if policy == "on_demand":
             alone = [llm.generate([p], params, use_tqdm=False)[0].outputs[0].token_ids for p in prompts]
             assert alone == per_request
-        with llm.engine.metrics.recording() as rec:
+        with llm.engine.metrics.steps.recording() as rec:
             batched[policy] = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
         assert max(rec.series("batch_size")) == len(prompts)
         llm.engine.check_invariants(idle=True)

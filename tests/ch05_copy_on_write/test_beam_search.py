@@ -171,7 +171,7 @@ def test_beams_share_fork_copy_and_save_memory(shared):
         return find(shared.get_metrics(), "block_copies").value
 
     forks_before, copies_before = shared.engine.stats.get("forks", 0), copies()
-    with shared.engine.metrics.recording() as rec:
+    with shared.engine.metrics.steps.recording() as rec:
         shared.beam_search(PROMPTS, BeamSearchParams(beam_width=4, max_tokens=24))
     assert shared.engine.stats["forks"] > forks_before and copies() > copies_before
     physical, logical = sum(rec.series("blocks_physical")), sum(rec.series("blocks_logical"))
@@ -257,7 +257,7 @@ def test_real_model_shared_beams_equal_private_beams(real_llm):
     llm = LLM("smollm2-135m", kv_policy="shared", attention_backend="torch", cpu_kernels=False,
               kv_capacity_tokens=4096, max_model_len=512, progress=False)
     per_request = LLM("smollm2-135m", kv_policy="per_request", max_model_len=512, progress=False)
-    with llm.engine.metrics.recording() as rec:
+    with llm.engine.metrics.steps.recording() as rec:
         got = one_by_one(llm, prompts, params)
     ref = one_by_one(per_request, prompts, params)
     assert beams(got) == beams(ref)

@@ -44,7 +44,7 @@ def test_the_prompt_is_prefilled_once_and_its_blocks_are_shared(per_request):
     params = SamplingParams(n=3, temperature=0.8, seed=5, max_tokens=12, ignore_eos=True)
     shared, unshared = shared_llm(), LLM("tiny", kv_policy="on_demand", kv_capacity_tokens=4096,
                                          max_model_len=256, block_size=8, progress=False)
-    with shared.engine.metrics.recording() as rec:
+    with shared.engine.metrics.steps.recording() as rec:
         a = shared.generate(PROMPTS, params, use_tqdm=False)
     b = unshared.generate(PROMPTS, params, use_tqdm=False)
     assert outputs(a) == outputs(b)

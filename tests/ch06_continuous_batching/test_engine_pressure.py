@@ -87,7 +87,7 @@ def test_static_batches_run_smaller_than_continuous_ones():
     for name in ("static", "continuous"):
         llm = LLM("tiny", kv_policy="on_demand", kv_capacity_tokens=1024, block_size=4, max_model_len=128,
                   max_num_seqs=4, scheduler=name, progress=False)
-        with llm.engine.metrics.recording() as rec:
+        with llm.engine.metrics.steps.recording() as rec:
             outs = tokens(llm.generate(prompts, params, use_tqdm=False))
         runs[name] = (outs, find(llm.get_metrics(), "forward_passes").value, rec.series("batch_size"))
         llm.engine.check_invariants(idle=True)

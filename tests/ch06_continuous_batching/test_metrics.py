@@ -208,46 +208,46 @@ def test_static_tags_are_copied_onto_snapshots():
 
 def test_recorder_receives_records_only_while_subscribed():
     reg = MetricsRegistry()
-    reg.publish_step({"step": 0})  # nobody listening: nothing stored anywhere
-    with reg.recording() as rec:
+    reg.steps.publish({"step": 0})  # nobody listening: nothing stored anywhere
+    with reg.steps.recording() as rec:
         assert isinstance(rec, StepRecorder)
-        reg.publish_step({"step": 1, "num_running": 2})
-        reg.publish_step({"step": 2, "num_running": 3})
-    reg.publish_step({"step": 3})
+        reg.steps.publish({"step": 1, "num_running": 2})
+        reg.steps.publish({"step": 2, "num_running": 3})
+    reg.steps.publish({"step": 3})
     assert rec.records == [{"step": 1, "num_running": 2}, {"step": 2, "num_running": 3}]
     assert rec.series("num_running") == [2, 3] and len(rec) == 2
-    assert reg._subscribers == []
+    assert reg.steps.subscribers == []
 
 
 def test_recording_unsubscribes_after_an_exception():
     reg = MetricsRegistry()
     with pytest.raises(RuntimeError, match="boom"):
-        with reg.recording() as rec:
-            reg.publish_step({"step": 1})
+        with reg.steps.recording() as rec:
+            reg.steps.publish({"step": 1})
             raise RuntimeError("boom")
-    reg.publish_step({"step": 2})
+    reg.steps.publish({"step": 2})
     assert rec.records == [{"step": 1}]
-    assert reg._subscribers == []
+    assert reg.steps.subscribers == []
 
 
 def test_subscribe_and_unsubscribe_plain_callables():
     reg = MetricsRegistry()
     seen = []
-    fn = reg.subscribe(seen.append)
-    reg.subscribe(fn)  # twice is still once
-    reg.publish_step({"a": 1})
-    reg.unsubscribe(fn)
-    reg.publish_step({"a": 2})
+    fn = reg.steps.subscribe(seen.append)
+    reg.steps.subscribe(fn)  # twice is still once
+    reg.steps.publish({"a": 1})
+    reg.steps.unsubscribe(fn)
+    reg.steps.publish({"a": 2})
     assert seen == [{"a": 1}]
     with pytest.raises(ValueError):
-        reg.unsubscribe(fn)
+        reg.steps.unsubscribe(fn)
 
 
 def test_recorder_copies_records():
     reg = MetricsRegistry()
     record = {"step": 1}
-    with reg.recording() as rec:
-        reg.publish_step(record)
+    with reg.steps.recording() as rec:
+        reg.steps.publish(record)
     record["step"] = 99  # the engine reusing its dict does not rewrite history
     assert rec.records == [{"step": 1}]
 

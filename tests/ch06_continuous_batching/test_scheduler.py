@@ -144,7 +144,7 @@ def test_swap_out_and_in_keep_the_sharing():
     swap.check_invariants()
     policy.allocate("x", 20, 1)  # someone else takes device blocks meanwhile
     policy.append_slots("x", 20)
-    back = dict(swap.swap_in(["a", "b", "c"], policy))
+    back = dict(swap.swap_in(["a", "b", "c"], policy.attach_swapped(swap.tables_of(["a", "b", "c"]))))
     policy.check_invariants()
     swap.check_invariants()
     assert swap.pool.num_free == 16 and sorted(back) == sorted(cpu for _, cpu in out)

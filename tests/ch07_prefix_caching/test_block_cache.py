@@ -197,7 +197,7 @@ def test_swapped_tables_keep_their_tokens_and_come_back_findable():
     p.allocate("filler", 30, 1, token_ids=list(range(100, 130)))  # 8 blocks: evicts everything cached
     assert p.cached_prefix_tokens(A) == 0 and p.evictions == 2
     p.free("filler")
-    space.swap_in(["a"], p)
+    space.swap_in(["a"], p.attach_swapped(space.tables_of(["a"])))
     assert p.num_tokens("a") == len(A)
     p.append_slots("a", 1)
     p.commit_tokens("a", [5])

@@ -167,7 +167,7 @@ def test_the_token_budget_counts_only_what_a_request_computes():
     batch_sizes = {}
     for name, engine in (("llm", llm), ("plain", plain)):
         engine.generate([SYSTEM + [1]], SamplingParams(temperature=0, max_tokens=1), use_tqdm=False)
-        with engine.engine.metrics.recording() as rec:
+        with engine.engine.metrics.steps.recording() as rec:
             engine.generate(PROMPTS, GREEDY, use_tqdm=False)
         batch_sizes[name] = rec.series("batch_size")
     assert batch_sizes["plain"][0] == 1, "cold, each prompt fills the step's budget alone"

@@ -117,7 +117,7 @@ class FakeEngine:
         seq = sorted(self.swapped)[i % len(self.swapped)]
         if not self.space.can_swap_in(self.p, [seq]):
             return
-        for cpu, dev in self.space.swap_in([seq], self.p):
+        for cpu, dev in self.space.swap_in([seq], self.p.attach_swapped(self.space.tables_of([seq]))):
             for off in range(BS):
                 self.slot_holds[dev * BS + off] = self.cpu_holds.get(cpu * BS + off)
         self.tokens[seq] = self.swapped.pop(seq)

@@ -30,7 +30,7 @@ def computed(llm):
 
 def generate(llm, prompts, params):
     """(outputs, tokens computed in each engine step of this call)."""
-    with llm.engine.metrics.recording() as rec:
+    with llm.engine.metrics.steps.recording() as rec:
         outs = llm.generate(prompts, params, use_tqdm=False)
     return outs, rec.series("num_tokens")
 
@@ -70,7 +70,7 @@ def test_decodes_go_on_while_a_long_prompt_is_prefilled():
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (40, 40, 40, 8)]
     for chunked in (False, True):
         llm = make(chunked, 16 if chunked else None, max_num_seqs=4)
-        with llm.engine.metrics.recording() as rec:
+        with llm.engine.metrics.steps.recording() as rec:
             llm.generate(prompts, params, use_tqdm=False)
         steps = list(zip(rec.series("num_tokens"), rec.series("num_decodes")))
         if chunked:  # once the three short ones decode, LONG fills what is left of each step: 13 tokens
@@ -203,7 +203,7 @@ def test_smollm2_answers_the_same_with_its_prompts_in_chunks():
     ref = tokens(per_request.chat(chats, params, use_tqdm=False))
     llm = LLM("smollm2-135m", kv_policy="on_demand", enable_chunked_prefill=True, max_num_batched_tokens=32,
               max_num_seqs=4, attention_backend="torch_batched", progress=False)
-    with llm.engine.metrics.recording() as rec:
+    with llm.engine.metrics.steps.recording() as rec:
         outs = llm.chat(chats, params, use_tqdm=False)
     assert len(outs[0].prompt_token_ids) > 300
     assert tokens(outs) == ref

@@ -59,7 +59,7 @@ def serve(llm, trace) -> dict:
 
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for _, n, _ in trace]
     start = time.perf_counter()
-    with llm.engine.metrics.recording() as rec:  # this run's steps
+    with llm.engine.metrics.steps.recording() as rec:  # this run's steps
         outs = llm.generate([p for p, _, _ in trace], params, use_tqdm=False)
     wall = time.perf_counter() - start
     policy = llm.engine.policy

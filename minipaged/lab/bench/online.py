@@ -319,7 +319,7 @@ def calibrate(llm, trace, batches=CALIBRATION_BATCHES, progress=False) -> tuple[
     llm.generate([p for p, _ in trace[:2]], [SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)] * 2,
                  use_tqdm=False)  # warm-up, not fitted
     core = llm.engine.core
-    core.metrics.subscribe(keep)
+    core.metrics.steps.subscribe(keep)
     try:
         # prompts alone first, 1 to 4 at once and of several lengths: the steps that price a token
         rng = random.Random(len(trace))
@@ -339,7 +339,7 @@ def calibrate(llm, trace, batches=CALIBRATION_BATCHES, progress=False) -> tuple[
                          use_tqdm=False)
             _say(progress, f"  calibration: {size} at once, {time.perf_counter() - t:.1f} s")
     finally:
-        core.metrics.unsubscribe(keep)
+        core.metrics.steps.unsubscribe(keep)
     return StepTimeModel.fit(rows), rows
 
 

@@ -86,7 +86,7 @@ def run_engine(llm, trace, label: str, progress: bool = False) -> dict:
         return find(llm.get_metrics(), name).value - before["minipaged:" + name]
 
     start = time.perf_counter()
-    with llm.engine.metrics.recording() as rec:
+    with llm.engine.metrics.steps.recording() as rec:
         outs = llm.generate(prompts, params, use_tqdm=progress)
     seconds = time.perf_counter() - start
     ttft = [o.metrics["first_token_time"] - o.metrics["arrival_time"] for o in outs]

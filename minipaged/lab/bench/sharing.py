@@ -47,7 +47,7 @@ def run(model="smollm2-135m", max_tokens=64, sizes=(2, 4, 6), block_size=16, pro
     for mode in ("parallel", "beam"):
         for n in sizes:
             forks, copies = llm.engine.stats.get("forks", 0), find(llm.get_metrics(), "block_copies").value
-            with llm.engine.metrics.recording() as rec:  # blocks in use at every forward pass of this run
+            with llm.engine.metrics.steps.recording() as rec:  # blocks in use at every forward pass of this run
                 if mode == "parallel":
                     llm.generate(prompts, SamplingParams(n=n, temperature=0.8, seed=0, max_tokens=max_tokens),
                                  use_tqdm=False)

@@ -69,7 +69,7 @@ def _counters(llm) -> tuple[int, int]:
 def _serve(llm, chats, params) -> dict:
     before = _counters(llm)
     start = time.perf_counter()
-    with llm.engine.metrics.recording() as rec:  # this call's forward passes
+    with llm.engine.metrics.steps.recording() as rec:  # this call's forward passes
         outs = llm.chat(chats, params, use_tqdm=False)
     wall = time.perf_counter() - start
     drafted, accepted = (b - a for a, b in zip(before, _counters(llm)))

@@ -22,7 +22,7 @@ def memory_map_image(timeline):
     import numpy as np
     from matplotlib import colormaps
 
-    from minipaged.kv.base import EXTERNAL, FREE, INTERNAL, RESERVED, TOKEN
+    from minipaged.lab.simulator.sim import EXTERNAL, FREE, INTERNAL, RESERVED, TOKEN
 
     owner = np.array(timeline.owner, dtype=np.int64).T  # [cells, snapshots]
     state = np.array(timeline.state, dtype=np.int64).T

@@ -85,7 +85,7 @@ def simulate_serving(scheduler: str, policy, requests, *, max_num_seqs: int = 25
     for r in requests:
         prompt = list(r.prompt_ids) if r.prompt_ids is not None else [1] * r.prompt_len
         core.add_request(str(r.request_id), prompt, SamplingParams(n=n, max_tokens=r.output_len, ignore_eos=True))
-    with core.metrics.recording() as steps:
+    with core.metrics.steps.recording() as steps:
         while core.has_unfinished_requests():
             if run.steps >= max_steps:
                 raise RuntimeError(f"no end after {max_steps} steps")

@@ -113,7 +113,7 @@ def _core(policy: SharedPolicy, runner, eos_token_id=None):
 
 def _run(core, result: SharingResult) -> None:
     """Step the core to the end; every step's blocks in use (with and without sharing) go to result."""
-    with core.metrics.recording() as rec:
+    with core.metrics.steps.recording() as rec:
         while core.has_unfinished_requests():
             core.step()
     for record in rec.records:

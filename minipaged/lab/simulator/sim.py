@@ -46,8 +46,11 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from minipaged.kv import KVPolicy, NoFreeMemory, Usage
-from minipaged.kv.base import EXTERNAL, FREE, INTERNAL, RESERVED, TOKEN  # noqa: F401  (the states it draws)
 from minipaged.lab.simulator.workloads import Request
+
+# What one slot holds in a picture of the pool (plots/memory_map.py colours them): the five parts of the
+# waste accounting (kv/base.py's usage).
+FREE, TOKEN, RESERVED, INTERNAL, EXTERNAL = 0, 1, 2, 3, 4
 
 USAGE_TERMS = ("tokens", "reserved", "internal", "external", "free")
 

@@ -11,8 +11,9 @@ EXERCISES = [
         title="ContinuousScheduler._requeue: a recomputed request goes back to the head",
         task="Put `request` (it holds no blocks now) back at the front of self.waiting, with its status "
              "RequestStatus.WAITING, so that it is prefilled again before anything new is admitted. A beam search "
-             "(request.beam is not None) goes back whole, as the one sequence request.beam.restart(self.next_seq_id()) "
-             "returns (request.seqs = [that sequence]): it starts over from its prompt. Otherwise each sequence after the first becomes a request of its own, "
+             "(request.beam is not None) goes back whole, as the one sequence that "
+             "request.beam.restart(self.next_seq_id()) returns (request.seqs = [it]): it starts over from its "
+             "prompt. Otherwise each sequence after the first becomes a request of its own, "
              "request.split(seq, next(self._uids)), announced with "
              "self._on_split(request, part); `request` keeps only its first sequence, and the queue must then "
              "start with request, then the parts in their original order.",

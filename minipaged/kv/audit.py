@@ -1,8 +1,13 @@
-"""What the books of the block-table policies promise, stage by stage, and the check of each.
+"""The books of the block-table policies, read from outside: what each stage promises, what sharing
+saved, and snapshots for pictures. Nothing here changes the books, and no request's path runs it.
 
-``pool.check_invariants()`` and ``policy.check_invariants()`` (kv/block_table.py) run these; the
-tests call them after every operation, the server once it has shut down (``idle=True``).
-Each stage's promises add to the last, read from the stage flags a policy declares (kv/base.py):
+    policy.check_invariants()   check_policy: the promises below (pool.check_invariants(): check_pool)
+    policy.sharing()            sharing: blocks in use against what unshared tables would hold (ch05)
+    policy.snapshot()           snapshot: tables, counts, fills, pending copies as plain data (ch05, ch07)
+
+The tests check the invariants after every operation, and the server once it has shut down
+(``check_engine(core, idle=True)``). Each stage's promises add to the last, read from the stage flags
+a policy declares (kv/base.py):
 
     chapter 03  the free list and the free bitmap agree; every table covers its tokens with blocks
                 in range that are not free; a block belongs to one table; owned + free = all
@@ -21,8 +26,51 @@ exercise), never bad input. Not here: the reserving policies of chapters 00-02 c
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass
 
 from minipaged.kv.base import blocks_for
+
+
+@dataclass(frozen=True)
+class Sharing:
+    """Blocks in use with sharing, and what the same sequences would hold without it."""
+
+    physical_blocks: int  # distinct blocks held by some table
+    logical_blocks: int  # sum of table lengths: the blocks an unshared policy would need
+    shared_blocks: int  # blocks held by more than one table
+
+    @property
+    def saved_blocks(self) -> int:
+        return self.logical_blocks - self.physical_blocks
+
+    @property
+    def saved_fraction(self) -> float:
+        return self.saved_blocks / self.logical_blocks if self.logical_blocks else 0.0
+
+
+def sharing(policy) -> Sharing:
+    holders = Counter(b for table in policy._seqs.values() for b in table.blocks)
+    return Sharing(physical_blocks=len(holders), logical_blocks=sum(holders.values()),
+                   shared_blocks=sum(count > 1 for count in holders.values()))
+
+
+def snapshot(policy) -> dict:
+    """Plain data for pictures and notebooks: each sequence's table and token count, each held
+    block's reference count and fill, the copies not made yet; with a prefix cache (chapter 07) the
+    cached blocks and the evictable ones, oldest first."""
+    bs, seqs, fill = policy.block_size, policy._seqs, {}
+    for table in seqs.values():
+        for i, block in enumerate(table.blocks):
+            fill[block] = max(fill.get(block, 0), min(max(table.num_tokens - i * bs, 0), bs))
+    snap = {"block_size": bs, "num_blocks": policy.num_blocks,
+            "tables": {seq_id: list(t.blocks) for seq_id, t in seqs.items()},
+            "tokens": {seq_id: t.num_tokens for seq_id, t in seqs.items()},
+            "refs": {b: policy.pool.ref_count(b) for b in sorted(fill)}, "fill": dict(sorted(fill.items())),
+            "copies": policy.pending_copies()}
+    if policy.caches_prefixes:
+        snap["cached"] = sorted(policy.pool._key_of)
+        snap["evictable"] = list(policy.pool._evictable)
+    return snap
 
 
 def check_pool(pool) -> None:
@@ -31,12 +79,12 @@ def check_pool(pool) -> None:
     assert all(0 <= b < pool.num_blocks for b in queued), "the free list holds an out-of-range block"
     flagged = [b for b in range(pool.num_blocks) if pool._is_free[b]]
     assert sorted(queued) == flagged, "the free bitmap disagrees with the free list"
-    refs = getattr(pool, "_refs", None)
-    if refs is None:
+    if not pool.counts_references:
         return
-    wrong = [b for b in range(pool.num_blocks) if (refs[b] == 0) != pool.is_free(b)]  # chapter 05
+    refs = pool._refs  # chapter 05
+    wrong = [b for b in range(pool.num_blocks) if (refs[b] == 0) != pool.is_free(b)]
     assert not wrong, f"blocks {wrong[:8]}: reference count 0 must mean free, and only then"
-    if not hasattr(pool, "_key_of"):
+    if not pool.caches_blocks:
         return
     assert all(refs[b] == 0 for b in pool._evictable), "an evictable block has holders"  # chapter 07
     assert all(b in pool._key_of for b in pool._evictable), "an evictable block is not cached"

@@ -41,6 +41,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import time
 import uuid
 from typing import Any
 
@@ -154,6 +155,7 @@ def build_app(engine: AsyncLLMEngine, served_model_name: str, api_key: str | Non
     app.add_middleware(Guard, api_key=api_key, max_body_bytes=max_body_bytes)
     tokenizer = engine.get_tokenizer()
     exporter = metrics_export.PrometheusExporter(engine, served_model_name)
+    created = int(time.time())  # when the model was served: /v1/models says so, as vLLM's does
 
     # -- errors in OpenAI's shape
     @app.exception_handler(APIError)
@@ -207,7 +209,7 @@ def build_app(engine: AsyncLLMEngine, served_model_name: str, api_key: str | Non
     # -- the model list and health
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [{"id": served_model_name, "object": "model", "created": 0,
+        return {"object": "list", "data": [{"id": served_model_name, "object": "model", "created": created,
                                             "owned_by": "minipaged", "max_model_len": engine.engine.max_model_len}]}
 
     @app.get("/health")

@@ -4,6 +4,7 @@ prefix cache in ``usage``, errors, many clients at once, hang-ups, the API key a
 
 import asyncio
 import json
+import time
 
 import pytest
 
@@ -244,7 +245,9 @@ def test_unknown_model_oversized_body_and_bad_json(server, client):
     status, body = server.post("/v1/completions", b"[1, 2]")
     assert status == 400 and "must be a JSON object" in body["error"]["message"], body
     status, models = server.get("/v1/models")
-    assert status == 200 and json.loads(models)["data"][0]["id"] == "tiny"
+    card = json.loads(models)["data"][0]
+    assert status == 200 and card["id"] == "tiny"
+    assert 1_700_000_000 < card["created"] <= time.time(), card  # when it was served, in seconds (vLLM's field)
     assert client.completions.create(model="tiny", prompt="still serving", max_tokens=2).choices[0].text is not None
     assert server.wait_idle()
 

@@ -177,6 +177,7 @@ def test_usage_reports_prefix_cache_hits(client):
     ({"n": 65}, "n", "max_num_seqs"),
     ({"stop": [""]}, "stop", "non-empty"),
     ({"logprobs": -1}, "logprobs", ">= 0"),
+    ({"logprobs": 21}, "logprobs", "[0, 20]"),
     ({"max_tokens": "many"}, "max_tokens", "integer"),
     ({"prompt": ""}, "prompt", "empty"),
     ({"prompt": [1, 2, 999999]}, "prompt", "vocabulary"),

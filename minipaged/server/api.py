@@ -199,10 +199,16 @@ def build_app(engine: AsyncLLMEngine, served_model_name: str, api_key: str | Non
             raise bad_request(e) from None
 
     def check_prompts(prompts, params) -> list[list[int]]:
-        """Each prompt as token ids, checked by the engine; a 400 before anything is queued."""
+        """Each prompt as token ids, checked by the engine, with room for max_tokens after it (vLLM's
+        server refuses a request longer than the context too): a 400 before anything is queued."""
         try:
             where = "prompt" if len(prompts) == 1 else "prompt[{}]"
-            return [engine.engine.check_request(p, params, where.format(i))[1] for i, p in enumerate(prompts)]
+            ids = [engine.engine.check_request(p, params, where.format(i))[1] for i, p in enumerate(prompts)]
+            limit, longest = engine.engine.max_model_len, max(len(p) for p in ids)
+            if params.max_tokens is not None and longest + params.max_tokens > limit:
+                raise ValueError(f"max_tokens={params.max_tokens} is too many: the prompt has {longest} tokens and "
+                                 f"max_model_len={limit} leaves room for at most {limit - longest} new ones")
+            return ids
         except ValueError as e:
             raise bad_request(e) from None
 

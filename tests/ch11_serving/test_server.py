@@ -178,6 +178,7 @@ def test_usage_reports_prefix_cache_hits(client):
     ({"stop": [""]}, "stop", "non-empty"),
     ({"logprobs": -1}, "logprobs", ">= 0"),
     ({"logprobs": 21}, "logprobs", "[0, 20]"),
+    ({"max_tokens": 10_000_000}, "max_tokens", "leaves room for at most 510 new ones"),
     ({"max_tokens": "many"}, "max_tokens", "integer"),
     ({"prompt": ""}, "prompt", "empty"),
     ({"prompt": [1, 2, 999999]}, "prompt", "vocabulary"),

@@ -14,6 +14,7 @@ Not handled yet: allowed or bad token lists, guided decoding, logits processors.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -38,10 +39,6 @@ UNSUPPORTED_VLLM_FIELDS = ("allowed_token_ids", "bad_words", "prompt_logprobs", 
 
 def _fail(name, value, allowed, owner="SamplingParams"):
     raise ValueError(f"{owner}.{name}={value!r} is not allowed: {allowed}")
-
-
-def _fail_beam(name, value, allowed):
-    _fail(name, value, allowed, owner="BeamSearchParams")
 
 
 def _is_int(value) -> bool:
@@ -252,14 +249,15 @@ class BeamSearchParams:
         self.validate()
 
     def validate(self) -> BeamSearchParams:
+        fail = functools.partial(_fail, owner="BeamSearchParams")
         for name in ("beam_width", "max_tokens"):
             value = getattr(self, name)
             if not _is_int(value) or value < 1:
-                _fail_beam(name, value, "an integer >= 1")
+                fail(name, value, "an integer >= 1")
         if not isinstance(self.ignore_eos, bool):
-            _fail_beam("ignore_eos", self.ignore_eos, "True or False")
+            fail("ignore_eos", self.ignore_eos, "True or False")
         if not _is_number(self.temperature) or not 0 <= self.temperature < float("inf"):
-            _fail_beam("temperature", self.temperature, "a finite number >= 0")
+            fail("temperature", self.temperature, "a finite number >= 0")
         if not _is_number(self.length_penalty) or not -10 <= self.length_penalty <= 10:
-            _fail_beam("length_penalty", self.length_penalty, "a number in [-10, 10] (1.0 is vLLM's default)")
+            fail("length_penalty", self.length_penalty, "a number in [-10, 10] (1.0 is vLLM's default)")
         return self

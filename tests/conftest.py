@@ -3,9 +3,23 @@ the notebook helpers."""
 
 import json
 import os
+import sys
 from pathlib import Path
 
 import pytest
+
+# These tests grade the package beside them, whatever else is installed: a student copy in a venv where
+# the instructor's checkout is installed editable (pip install -e .) must test the student's code. The
+# pytest command does not put this folder on sys.path (python -m pytest does), so it goes first here,
+# before any test imports minipaged; where minipaged was imported from elsewhere already, say so.
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+import minipaged  # noqa: E402
+
+if Path(minipaged.__file__).resolve().parent != ROOT / "minipaged":
+    raise pytest.UsageError(f"these tests are {ROOT}'s, but minipaged was imported from "
+                            f"{Path(minipaged.__file__).parent} before they started (a plugin or PYTHONPATH?); "
+                            f"run `python -m pytest` in {ROOT}, or `pip install -e .` there")
 
 
 def pytest_configure(config):

@@ -216,3 +216,32 @@ def test_grade_writes_one_row_per_copy_and_exercise(tmp_path, capsys):
     assert status[("alice", chosen[1].id)] == "not attempted" and rows[1]["first_failure"]
     assert status[("alice", chosen[0].id)] == "pass" and status[("bob", chosen[1].id)] == "pass"
     assert rows[0]["passed"] == rows[0]["total"] != "0"
+
+
+def test_a_student_copy_tests_its_own_code_whatever_is_installed(tmp_path):
+    """The README installs this checkout editable (pip install -e .), so `import minipaged` anywhere in the
+    venv finds the answer key. A student copy's plain `pytest` (the console script, which does not put the
+    copy on sys.path, unlike `python -m pytest`) must still test the copy's stubs, and must refuse to run
+    when something imported another checkout's package first."""
+    script = Path(sys.executable).parent / "pytest"
+    if not script.exists():
+        pytest.skip(f"no pytest console script beside {sys.executable}: pip install pytest")
+    elsewhere = subprocess.run([sys.executable, "-c", "import minipaged; print(minipaged.__file__)"], cwd=tmp_path,
+                               env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+                               capture_output=True, text=True)
+    if elsewhere.returncode != 0:
+        pytest.skip("minipaged is not installed in this venv, so no other copy can shadow a student's: "
+                    "pip install -e . to run this test")
+    exercise = next(e for e in EXERCISES if e.chapter == "01")
+    copy = tmp_path / "student"
+    student_copy(ROOT, copy, [exercise])
+    assert not elsewhere.stdout.strip().startswith(str(copy)), "the installed minipaged must be another one"
+    env = {**{k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, **CHILD_ENV}
+    args = [str(script), "-q", "-p", "no:cacheprovider", "-o", "addopts=--import-mode=importlib"]
+    graded = subprocess.run([*args, *exercise.tests], cwd=copy, env=env, capture_output=True, text=True, timeout=600)
+    assert graded.returncode == 1, graded.stdout[-3000:]  # the stub's tests fail: the copy's code was tested
+    assert f"exercise {exercise.id}" in graded.stdout, graded.stdout[-3000:]
+    shadowed = subprocess.run([*args, "-p", "minipaged", *exercise.tests], cwd=copy, env=env, capture_output=True,
+                              text=True, timeout=600)
+    assert shadowed.returncode != 0 and "minipaged was imported from" in shadowed.stdout + shadowed.stderr, \
+        (shadowed.stdout + shadowed.stderr)[-3000:]

@@ -166,6 +166,8 @@ class PrefixCachingPolicy(SharedPolicy):
     name = "prefix_caching"
     pool_class = PrefixBlockPool
     caches_prefixes = True
+    promise = "planned"  # a prompt's full block is findable once its slots are: or "admitted", or "written"
+    evict_last_block_first = True  # a freed table's blocks join the LRU list last block first
 
     def __init__(self, num_slots: int, block_size: int = 16, max_model_len: int = 2048,
                  watermark: float = 0.01, pool: PrefixBlockPool | None = None):
@@ -248,13 +250,16 @@ class PrefixCachingPolicy(SharedPolicy):
         self.stats["query_tokens"] += prompt_len
         self.stats["hit_tokens"] += cached
         self.stats["hit_blocks"] += len(hits)
+        if self.promise == "admitted":
+            self._register(self._seqs[seq_id], len(keys))
 
     # ---- filling the cache ------------------------------------------------------------------
 
     def append_slots(self, seq_id, n: int) -> list[int]:
         slots = super().append_slots(seq_id, n)
-        table = self._seqs[seq_id]
-        self._register(table, min(len(table.keys), table.num_tokens // self.block_size))  # promised
+        if self.promise == "planned":
+            table = self._seqs[seq_id]
+            self._register(table, min(len(table.keys), table.num_tokens // self.block_size))
         return slots
 
     def _register(self, table: PrefixTable, upto: int) -> None:
@@ -297,8 +302,8 @@ class PrefixCachingPolicy(SharedPolicy):
         """Only tokens not yet written may be forgotten (chapter 09's rejected drafts): a written or
         promised block may already be someone else's cache hit."""
         table = self._state(seq_id)
-        if isinstance(num_tokens, int) and num_tokens < max(len(table.token_ids), table.registered * self.block_size):
-            least = max(len(table.token_ids), table.registered * self.block_size)
+        least = max(len(table.token_ids), table.registered * self.block_size)
+        if isinstance(num_tokens, int) and num_tokens < least:
             raise ValueError(f"seq {seq_id!r}: num_tokens={num_tokens} would forget written or promised tokens; "
                              f"it must be in [{least}, {table.num_tokens}] ({len(table.token_ids)} written, "
                              f"{table.registered} blocks in the cache)")
@@ -319,7 +324,8 @@ class PrefixCachingPolicy(SharedPolicy):
                     raise RuntimeError(f"block {block} was promised but never written, and another sequence "
                                        "counts it as computed; free that sequence first")
                 self.pool.unregister(block)
-        table.blocks.reverse()  # the last block first: it goes to the LRU list first, evicted first
+        if self.evict_last_block_first:  # it goes to the LRU list first, evicted first
+            table.blocks.reverse()
         super()._release(table)
 
     def reset_cache(self) -> int:

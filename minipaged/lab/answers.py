@@ -21,12 +21,10 @@ must stay fast (the test runs them all: well under a minute); a number that need
 belongs in a record instead.
 
 Some answers change the library to see what breaks (a different victim, no reversal before a release).
-Such a change is written here, applied only inside the function with ``_patched``, so that the
-numbers it gives can be checked like the others; the library itself is never changed.
-
-Such a replacement copies the method it replaces with the change made; when that method changes in
-the library, the copy must follow it (tests/test_answers.py checks, where it can, that a run without
-the change still gives the record's figures).
+The library offers each such choice as a named option (``PrefixCachingPolicy.promise``) or a small
+method that holds just the rule (``ContinuousScheduler._victim``); the answer sets the option or
+replaces the method with its own rule, only inside the function (``_patched``), so that the numbers
+it gives can be checked like the others. No answer copies a method of the library.
 
 Not handled: numbers that only a GPU or a run of the test suite gives (test counts, error messages);
 the answers quote those as text.
@@ -142,25 +140,9 @@ def watermark() -> dict:
     return out
 
 
-def _largest_victim_schedule(self, plan) -> None:
-    """ContinuousScheduler._schedule_running with question 3's rule: preempt the request holding the
-    most blocks; if it was planned already in this step, take its work back out of the plan first."""
-    i = 0
-    while i < len(self.running):
-        request = self.running[i]
-        if self.policy.can_append_all(self._appends(request)):
-            self._plan(request, plan)
-            i += 1
-            continue
-        held = [sum(len(self.policy.block_table(s.seq_id)) for s in r.seqs) for r in self.running]
-        at = max(range(len(self.running)), key=held.__getitem__)
-        victim = self.running[at]
-        del self.running[at]
-        if at < i:  # planned in this step already: take its work out (preempting frees its slots)
-            ids = {s.seq_id for s in victim.seqs}
-            plan.work = [w for w in plan.work if w.seq.seq_id not in ids]
-            i -= 1  # the loop's index moves back with the list
-        self._preempt(victim, plan)
+def _largest_victim(self):
+    """ContinuousScheduler._victim with question 3's rule: the request holding the most blocks."""
+    return max(self.running, key=lambda r: sum(len(self.policy.block_table(s.seq_id)) for s in r.seqs))
 
 
 @answer("06/largest_victim")
@@ -173,7 +155,7 @@ def largest_victim() -> dict:
     longest = sorted(trace, key=lambda r: r.prompt_len + r.output_len)[-5:]  # the five longest requests
     out = {"longest_tokens": [r.prompt_len + r.output_len for r in longest]}
     newest = _serve(trace, 4096)
-    with _patched(ContinuousScheduler, "_schedule_running", _largest_victim_schedule):
+    with _patched(ContinuousScheduler, "_victim", _largest_victim):
         largest = _serve(trace, 4096)
     for name, run in (("newest", newest), ("largest", largest)):
         out[name] = {**_row(run), "longest_finished_at": [run.finish_step[r.request_id] for r in longest],
@@ -231,15 +213,6 @@ def token_budget() -> dict:
 # ---------------------------------------------------------------- chapter 07
 
 
-def _release_first_block_first(self, table) -> None:
-    """PrefixCachingPolicy._release without ``table.blocks.reverse()`` (question 2)."""
-    for i in range(len(table.token_ids) // self.block_size, table.registered):
-        block = table.blocks[i]
-        if self.pool.key_of(block) == table.keys[i]:
-            self.pool.unregister(block)
-    super(type(self), self)._release(table)
-
-
 @answer("07/evict_front")
 def evict_front() -> dict:
     """The warm runs of `simulate --prefix --capacities 1024 2048 4096` with a finished request's blocks
@@ -253,7 +226,7 @@ def evict_front() -> dict:
     requests = prefix.make_prefix_workload(d["num_requests"], d["num_prefixes"], d["prefix_len"], d["suffix_len"],
                                            d["output_len"], d["zipf"], seed=d["seed"])
     rows = []
-    with _patched(PrefixCachingPolicy, "_release", _release_first_block_first):
+    with _patched(PrefixCachingPolicy, "evict_last_block_first", False):
         for capacity in (1024, 2048, 4096):
             policy = make_policy("prefix_caching", num_slots=capacity, block_size=d["block_size"],
                                  max_model_len=d["max_model_len"])
@@ -268,13 +241,6 @@ def _tiny_with_cache():
 
     return LLM("tiny", enable_prefix_caching=True, kv_policy="shared", kv_capacity_tokens=4096, block_size=4,
                max_model_len=128, attention_backend="torch", progress=False)
-
-
-def _append_slots_without_promise(self, seq_id, n: int) -> list[int]:
-    """PrefixCachingPolicy.append_slots without its ``_register`` call (question 3)."""
-    from minipaged.kv.prefix_cache import PrefixCachingPolicy
-
-    return super(PrefixCachingPolicy, self).append_slots(seq_id, n)
 
 
 @answer("07/no_promises")
@@ -296,25 +262,17 @@ def no_promises() -> dict:
         return [[o.num_cached_tokens for o in llm.generate(prompts, params, use_tqdm=False)] for _ in range(2)]
 
     promise = twice()
-    with _patched(PrefixCachingPolicy, "append_slots", _append_slots_without_promise):
+    with _patched(PrefixCachingPolicy, "promise", "written"):
         none = twice()
     return {"promise": {"cold": promise[0], "again": promise[1]}, "no_promise": {"cold": none[0], "again": none[1]}}
 
 
-def _hits_whole_prompt(self, token_ids):
-    """PrefixCachingPolicy._hits walking every full block, the last prompt token's included (question 4)."""
-    from minipaged.kv.prefix_cache import next_key
-
-    blocks, keys, parent, bs = [], [], None, self.block_size
-    for i in range(len(token_ids) // bs):
-        key = next_key(parent, token_ids[i * bs:(i + 1) * bs])
-        block = self.pool.lookup(key)
-        if block is None:
-            break
-        blocks.append(block)
-        keys.append(key)
-        parent = key
-    return blocks, keys
+def _whole_prompt(hits):
+    """PrefixCachingPolicy._hits walking every full block, the last prompt token's included (question 4):
+    ``hits``, the real one, asked about one token more walks exactly those blocks (it stops one short)."""
+    def hits_whole_prompt(self, token_ids):
+        return hits(self, list(token_ids) + [0])
+    return hits_whole_prompt
 
 
 @answer("07/whole_prompt")
@@ -332,22 +290,13 @@ def whole_prompt() -> dict:
 
     right = outputs(_tiny_with_cache(), [short, other])
     llm = _tiny_with_cache()
-    with _patched(PrefixCachingPolicy, "_hits", _hits_whole_prompt):
+    with _patched(PrefixCachingPolicy, "_hits", _whole_prompt(PrefixCachingPolicy._hits)):
         outputs(llm, [short, other])
         again = outputs(llm, [short, other])
     follows = outputs(_tiny_with_cache(), [short + again[0][:1]], SamplingParams(temperature=0, max_tokens=4,
                                                                                    ignore_eos=True))[0]
     return {"right": right[0], "other_right": right[1], "again": again[0], "other_again": again[1],
             "follows_first": follows}
-
-
-def _promise_at_admission(allocate):
-    """PrefixCachingPolicy.allocate that also promises every full block of the prompt (question 5)."""
-    def allocate_and_promise(self, seq_id, *args, **kwargs):
-        allocate(self, seq_id, *args, **kwargs)
-        table = self._seqs[seq_id]
-        self._register(table, len(table.keys))
-    return allocate_and_promise
 
 
 @answer("07/promise_early")
@@ -367,8 +316,7 @@ def promise_early() -> dict:
                 "table_a": p.block_table("a"), "table_b": p.block_table("b")}
 
     as_it_is = run()
-    with _patched(PrefixCachingPolicy, "allocate", _promise_at_admission(PrefixCachingPolicy.allocate)), \
-            _patched(PrefixCachingPolicy, "append_slots", _append_slots_without_promise):
+    with _patched(PrefixCachingPolicy, "promise", "admitted"):
         early = run()
     return {"as_it_is": as_it_is, "early": early}
 
@@ -398,42 +346,14 @@ def sample_every_chunk() -> dict:
             "answer_to_them": greedy(whole, prompt + after_chunks, 4)}
 
 
-def _two_partial_prefills(self, plan) -> None:
-    """ChunkedPrefillScheduler._schedule_running where a prompt part-way through gets at most half of
-    what the decodes leave while a waiting request could be admitted (question 4), so that the
-    admission after it takes the other half."""
-    from minipaged.scheduler.continuous import ContinuousScheduler
-
-    self._chunk_waits = False
-    i = 0
-    while i < len(self.running):  # 1. decodes, as it is
-        request = self.running[i]
-        if not self._decoding(request):
-            i += 1
-        elif self.policy.can_append_all(self._appends(request)):
-            ContinuousScheduler._plan(self, request, plan)  # one token each, whatever the budget says
-            i += 1
-        else:
-            self._preempt(self.running.pop(), plan)
-    i = 0
-    while i < len(self.running) and self._budget_left(plan) > 0:  # 2. prompts, with the cap
-        request = self.running[i]
-        left = self._budget_left(plan)
-        if self.waiting and self.num_running_seqs() + self.waiting[0].num_seqs <= self.max_num_seqs:
-            left = max(1, left // 2)
-        chunks = self._chunks(request, left)
-        if not chunks:
-            i += 1
-        elif self.policy.can_append_all(chunks):
-            seqs = {s.seq_id: s for s in request.seqs}
-            for seq_id, n in chunks:
-                self._schedule_seq(request, seqs[seq_id], n, plan)
-            i += 1
-        elif plan.work:
-            self._chunk_waits = True
-            return
-        else:
-            self._preempt(self.running.pop(), plan)
+def _half_while_one_waits(self, plan) -> int:
+    """ChunkedPrefillScheduler._prefill_budget where a prompt part-way through gets at most half of what
+    the decodes leave while a waiting request could be admitted (question 4), so that the admission
+    after it takes the other half."""
+    left = self._budget_left(plan)
+    if self.waiting and self.num_running_seqs() + self.waiting[0].num_seqs <= self.max_num_seqs:
+        return max(1, left // 2)
+    return left
 
 
 def _chunked_trace(capacity=65536, budget=256, **kw):
@@ -457,7 +377,7 @@ def two_partials() -> dict:
     requests, run = _chunked_trace(budget=256)  # as it is: the record's row, to show the runs compare
     out = {"unchanged_256": {k: costs(run, requests, DEFAULTS["step_overhead"])[k]
                              for k in ("ttft_short_p50", "ttft_long_p50")}}
-    with _patched(ChunkedPrefillScheduler, "_schedule_running", _two_partial_prefills):
+    with _patched(ChunkedPrefillScheduler, "_prefill_budget", _half_while_one_waits):
         for budget in (512, 256, 128, 64):
             requests, run = _chunked_trace(budget=budget)
             row = costs(run, requests, DEFAULTS["step_overhead"])
@@ -470,13 +390,15 @@ def _one_block_at_admission(self, prompt_len, max_new_tokens, final_len) -> int:
     return self.block_size
 
 
-def _plan_what_fits(self, request, plan) -> None:
-    """ChunkedPrefillScheduler._plan shortening each chunk to what the pool can give (question 5)."""
-    seqs = {s.seq_id: s for s in request.seqs}
-    for seq_id, n in self._chunks(request, self._budget_left(plan)):
-        while n > 1 and not self.policy.can_append_slots(seq_id, n):
-            n -= 1
-        self._schedule_seq(request, seqs[seq_id], n, plan)
+def _what_fits(schedule_chunks):
+    """ChunkedPrefillScheduler._schedule_chunks shortening each chunk to what the pool can give
+    (question 5); ``schedule_chunks``: the real one, given one chunk at a time."""
+    def schedule_what_fits(self, request, chunks, plan) -> None:
+        for seq_id, n in chunks:
+            while n > 1 and not self.policy.can_append_slots(seq_id, n):
+                n -= 1
+            schedule_chunks(self, request, [(seq_id, n)], plan)
+    return schedule_what_fits
 
 
 @answer("08/allocate_late")
@@ -490,11 +412,11 @@ def allocate_late() -> dict:
         return {"steps": run.steps, "mean_batch": run.mean_batch, "preemptions": run.preemptions,
                 "tokens_computed": run.tokens_computed}
 
-    out = {}
+    out, what_fits = {}, _what_fits(ChunkedPrefillScheduler._schedule_chunks)
     for capacity in (8192, 16384):
         out[str(capacity)] = {"admission": row(_chunked_trace(capacity)[1])}
         with _patched(OnDemandPolicy, "_slots_needed", _one_block_at_admission), \
-                _patched(ChunkedPrefillScheduler, "_plan", _plan_what_fits):
+                _patched(ChunkedPrefillScheduler, "_schedule_chunks", what_fits):
             out[str(capacity)]["chunks"] = row(_chunked_trace(capacity)[1])
     return out
 

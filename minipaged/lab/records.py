@@ -129,6 +129,16 @@ class Rendered:
     calcs: set[str] = field(default_factory=set)  # the answers.py computations the text names
 
 
+def _rewrite_figure(m: re.Match, value, what: str) -> str:
+    """A figure or calc marker ``m`` with the number before it written anew: ``value`` in the marker's
+    spec. ``what`` names the figure in the error raised when the spec cannot write the value."""
+    try:
+        written = fmt(value, m["spec"])
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"{what} is {value!r}, which the spec {m['spec']!r} cannot write ({e})") from None
+    return written + m.group(0)[len(m["value"] or ""):]
+
+
 def render_text(text: str, chapter: Path | None, calcs: bool = True) -> Rendered:
     """``text`` with its record blocks and figures rendered, and, unless ``calcs`` is False, its
     computed figures (answers.py runs each computation once per process)."""
@@ -155,12 +165,7 @@ def render_text(text: str, chapter: Path | None, calcs: bool = True) -> Rendered
             value = lookup(get(m["name"]), m["path"])
         except (KeyError, IndexError, ValueError, TypeError) as e:
             raise ValueError(f"{where}: figure {m['path']!r} is not in record {m['name']!r} ({e!r})") from None
-        try:
-            written = fmt(value, m["spec"])
-        except (ValueError, TypeError) as e:
-            raise ValueError(f"{where}: figure {m['path']!r} of record {m['name']!r} is {value!r}, which "
-                             f"the spec {m['spec']!r} cannot write ({e})") from None
-        return written + m.group(0)[len(m["value"] or ""):]
+        return _rewrite_figure(m, value, f"{where}: figure {m['path']!r} of record {m['name']!r}")
 
     named: set[str] = set()
 
@@ -173,12 +178,7 @@ def render_text(text: str, chapter: Path | None, calcs: bool = True) -> Rendered
         except (KeyError, IndexError, TypeError) as e:
             raise ValueError(f"{where}: {m['path']!r} is not in the results of `python -m minipaged.lab.answers "
                              f"{m['name']}` ({e!r})") from None
-        try:
-            written = fmt(value, m["spec"])
-        except (ValueError, TypeError) as e:
-            raise ValueError(f"{where}: {m['path']!r} of answer {m['name']!r} is {value!r}, which the spec "
-                             f"{m['spec']!r} cannot write ({e})") from None
-        return written + m.group(0)[len(m["value"] or ""):]
+        return _rewrite_figure(m, value, f"{where}: {m['path']!r} of answer {m['name']!r}")
 
     text = BLOCK.sub(block, text)
     text = FIG.sub(figure, text)

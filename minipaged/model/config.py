@@ -50,55 +50,21 @@ class ModelConfig:
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * bytes_per_value
 
 
-SMOLLM2_135M = ModelConfig(
-    name="smollm2-135m",
-    vocab_size=49152,
-    hidden_size=576,
-    intermediate_size=1536,
-    num_layers=30,
-    num_heads=9,
-    num_kv_heads=3,
-    head_dim=64,
-    rope_theta=100000.0,
-    rms_norm_eps=1e-5,
-    max_model_len=8192,
-    bos_token_id=1,
-    eos_token_id=2,
-)
+SMOLLM2_135M = ModelConfig(name="smollm2-135m", vocab_size=49152, hidden_size=576, intermediate_size=1536,
+                           num_layers=30, num_heads=9, num_kv_heads=3, head_dim=64, rope_theta=100000.0,
+                           rms_norm_eps=1e-5, max_model_len=8192, bos_token_id=1, eos_token_id=2)
 
 # A few layers of random weights: fast enough that a test can run dozens of generations.
 # Its vocabulary is the byte tokenizer's (256 bytes + 3 special tokens). Its output matrix is not
 # tied to the embedding, so that random weights still give varied greedy outputs.
-TINY = ModelConfig(
-    name="tiny",
-    vocab_size=259,
-    hidden_size=64,
-    intermediate_size=128,
-    num_layers=2,
-    num_heads=4,
-    num_kv_heads=2,
-    head_dim=16,
-    rope_theta=10000.0,
-    max_model_len=512,
-    bos_token_id=256,
-    eos_token_id=257,
-    tie_word_embeddings=False,
-)
+TINY = ModelConfig(name="tiny", vocab_size=259, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
+                   num_kv_heads=2, head_dim=16, rope_theta=10000.0, max_model_len=512, bos_token_id=256,
+                   eos_token_id=257, tie_word_embeddings=False)
 
 # Llama-3-8B's shapes, used only for arithmetic (bytes per token, tokens that fit on a GPU).
-LLAMA_8B = ModelConfig(
-    name="llama-8b",
-    vocab_size=128256,
-    hidden_size=4096,
-    intermediate_size=14336,
-    num_layers=32,
-    num_heads=32,
-    num_kv_heads=8,
-    head_dim=128,
-    rope_theta=500000.0,
-    max_model_len=8192,
-    tie_word_embeddings=False,
-)
+LLAMA_8B = ModelConfig(name="llama-8b", vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_layers=32,
+                       num_heads=32, num_kv_heads=8, head_dim=128, rope_theta=500000.0, max_model_len=8192,
+                       tie_word_embeddings=False)
 
 
 def with_overrides(config: ModelConfig, **changes) -> ModelConfig:

@@ -44,8 +44,6 @@ def use(x: torch.Tensor) -> bool:
     return _enabled and x.dtype == torch.float32 and x.device.type == "cpu" and ops() is not None
 
 
-
-
 @functools.cache
 def ops():
     """torch.ops.minipaged with the kernels registered, built on first use (model/kernels_build.py);

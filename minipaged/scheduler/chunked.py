@@ -66,9 +66,17 @@ class ChunkedPrefillScheduler(ContinuousScheduler):
 
     def _plan(self, request: Request, plan: StepPlan) -> None:
         """Slots for the request's next chunk (the caller has checked that it fits)."""
+        self._schedule_chunks(request, self._chunks(request, self._budget_left(plan)), plan)
+
+    def _schedule_chunks(self, request: Request, chunks: list[tuple[int, int]], plan: StepPlan) -> None:
         seqs = {s.seq_id: s for s in request.seqs}
-        for seq_id, n in self._chunks(request, self._budget_left(plan)):
+        for seq_id, n in chunks:
             self._schedule_seq(request, seqs[seq_id], n, plan)
+
+    def _prefill_budget(self, plan: StepPlan) -> int:
+        """What a prompt part-way through its prefill may take in this step: all the budget has left
+        (chapter 08's question 4 leaves half of it to the next prompt in the queue)."""
+        return self._budget_left(plan)
 
     def _decoding(self, request: Request) -> bool:
         return all(s.num_tokens - self.policy.num_tokens(s.seq_id) == 1 for s in request.seqs)
@@ -92,11 +100,11 @@ class ChunkedPrefillScheduler(ContinuousScheduler):
         i = 0
         while i < len(self.running) and self._budget_left(plan) > 0:
             request = self.running[i]
-            chunks = self._chunks(request, self._budget_left(plan))
+            chunks = self._chunks(request, self._prefill_budget(plan))
             if not chunks:  # planned in pass 1
                 i += 1
             elif self.policy.can_append_all(chunks):
-                self._plan(request, plan)
+                self._schedule_chunks(request, chunks, plan)
                 i += 1
             elif plan.work:
                 self._chunk_waits = True  # for memory that the running sequences give back

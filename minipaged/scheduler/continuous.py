@@ -36,13 +36,12 @@ from minipaged.metrics import engine_metrics
 from minipaged.request import Request, RequestStatus
 from minipaged.step import ScheduledSeq, StepPlan, StepResult
 
-EVENTS = ("preemptions", "preempted_recompute", "preempted_swap", "swap_fallbacks", "refused", "blocks_swapped_out",
-          "blocks_swapped_in", "forks", "spec_seq_steps", "spec_draft_tokens", "spec_accepted_tokens")
-EVENT_METRICS = {"preemptions": "minipaged:num_preemptions", "refused": "minipaged:num_requests_refused",
-                 "blocks_swapped_out": "minipaged:blocks_swapped_out",
-                 "blocks_swapped_in": "minipaged:blocks_swapped_in",
-                 "spec_draft_tokens": "minipaged:spec_decode_num_draft_tokens",
-                 "spec_accepted_tokens": "minipaged:spec_decode_num_accepted_tokens"}
+# Every event the scheduler counts (``stats``), with the metric that counts it too, if any:
+EVENTS = {"preemptions": "minipaged:num_preemptions", "preempted_recompute": None, "preempted_swap": None,
+          "swap_fallbacks": None, "refused": "minipaged:num_requests_refused",
+          "blocks_swapped_out": "minipaged:blocks_swapped_out", "blocks_swapped_in": "minipaged:blocks_swapped_in",
+          "forks": None, "spec_seq_steps": None, "spec_draft_tokens": "minipaged:spec_decode_num_draft_tokens",
+          "spec_accepted_tokens": "minipaged:spec_decode_num_accepted_tokens"}
 
 
 class ContinuousScheduler:
@@ -66,15 +65,14 @@ class ContinuousScheduler:
         self.next_seq_id = itertools.count().__next__  # ids for the sequences of requests and beams
         self.metrics = metrics if metrics is not None else engine_metrics()
         self.stats = dict.fromkeys(EVENTS, 0)  # every scheduling event, counted once where it happens
-        self._counters = {event: self.metrics.counter(name) for event, name in EVENT_METRICS.items()}
+        self._counters = {event: self.metrics.counter(name) for event, name in EVENTS.items() if name}
 
     def _count(self, event: str, n: int = 1) -> None:
         """Tally an event; the ones the metrics registry names (minipaged:num_preemptions, ...) go into
         its counters by the same call."""
         self.stats[event] = self.stats.get(event, 0) + n
-        counter = self._counters.get(event)
-        if counter is not None:
-            counter.inc(n)
+        if event in self._counters:
+            self._counters[event].inc(n)
 
     # ---- the queues ---------------------------------------------------------------------------
 
@@ -145,9 +143,15 @@ class ContinuousScheduler:
             if self.policy.can_append_all(self._appends(request)):
                 self._plan(request, plan)
                 i += 1
-            else:  # the newest goes; it has not been planned yet, since it sits at or after i
-                self._preempt(self.running.pop(), plan)
+            else:  # a victim goes; the default, the newest, sits at or after i: not planned yet
+                at = self.running.index(self._victim())
+                i -= at < i  # one planned already (another rule's): the index moves back with the list
+                self._preempt(self.running.pop(at), plan)
         # exercise 06.2: end
+
+    def _victim(self) -> Request:
+        """The request preemption takes: the newest, as in vLLM (chapter 06's question 3 tries another)."""
+        return self.running[-1]
 
     def _swap_in(self, plan: StepPlan) -> None:
         running = self.num_running_seqs()
@@ -261,17 +265,19 @@ class ContinuousScheduler:
 
     def _preempt(self, request: Request, plan: StepPlan) -> None:
         plan.preempted += 1
+        kept = [w for w in plan.work if w.request is not request]  # planned already (another victim rule):
+        planned, plan.work = len(kept) < len(plan.work), kept  # its work leaves the plan, and it is recomputed
         self._count("preemptions")
         ids = [s.seq_id for s in request.seqs]
         cached = sum(self.policy.num_tokens(i) for i in ids)
-        if self.preemption_mode == "swap" and cached:
+        if self.preemption_mode == "swap" and cached and not planned:
             if self.swap_space.can_swap_out(self.policy, ids):  # the policy lets go of the blocks, the swap
                 copies = self.swap_space.swap_out({i: self.policy.detach(i) for i in ids})  # space keeps them
                 plan.swap_out += copies
                 self._count("blocks_swapped_out", len(copies))
                 self._count("preempted_swap")
                 request.status = RequestStatus.SWAPPED
-                self._queue_swapped(request)
+                self.swapped.appendleft(request)  # the newest victim first: they come back oldest first
                 return
             self._count("swap_fallbacks")
         self._count("preempted_recompute")
@@ -295,11 +301,6 @@ class ContinuousScheduler:
             self.waiting.appendleft(part)
         self.waiting.appendleft(request)
         # exercise 06.1: end
-
-    def _queue_swapped(self, request: Request) -> None:
-        """Swapped requests come back oldest first, and the newest is preempted first: so each new
-        victim goes to the front (it was admitted after everyone already swapped out)."""
-        self.swapped.appendleft(request)
 
     def _on_split(self, request: Request, part: Request) -> None:
         """A recomputed request of several samples became one request per sample (static batching

@@ -23,7 +23,7 @@ def test_parallel_sampling_by_hand():
     hold 4: over 4 steps, 2 + 3 + 3 + 3 = 11 blocks against 14, 3/14 saved."""
     request = Request(0, 0, prompt_len=20, output_len=4, max_tokens=4)
     result = simulate_parallel(SharedPolicy(160, block_size=16, max_model_len=64), [request], n=2)
-    assert (result.steps, result.physical_block_steps, result.logical_block_steps) == (4, 11, 14)
+    assert (result.steps, result.physical, result.logical) == (4, [2, 3, 3, 3], [2, 4, 4, 4])
     assert result.saved_fraction == 1 - 11 / 14 and result.forks == 1 and result.cow_copies == 1
     assert result.finished == 2
 

@@ -10,6 +10,9 @@ of its sequence and head ``kv_head * group + (row0 + r) % group``. Per tile of k
     softmax_step     one thread per row: the online-softmax update (new max, rescale, probabilities)
     accumulate_tile  one thread per (row, dim) slot: acc = acc * rescale + sum_t p[r, t] * v[t, dim]
 
+``attend`` is the whole walk over a range of keys, shared memory included: v1 walks all the keys its
+rows see, v2 one partition of them.
+
 Everything goes through shared memory with __syncthreads between steps, never warp shuffles: that is
 a little slower, but the same code then runs in numba's CUDA simulator, which has no shuffles.
 
@@ -24,20 +27,22 @@ import math
 from collections import namedtuple
 from functools import cache
 
-from numba import cuda, float32
+from numba import cuda, float32, int32
 
 from minipaged.attention.kernels.config import KernelConfig
 
 NEG_INF = -math.inf
 
 TileOps = namedtuple("TileOps", "load_query_rows init_rows load_kv_tile score_tile softmax_step "
-                                "accumulate_tile zero_acc")
+                                "accumulate_tile zero_acc attend")
 
 
 @cache
 def make_tile_ops(cfg: KernelConfig) -> TileOps:
     """Device functions specialised to cfg's sizes (closure constants are compile-time constants)."""
     D, TILE, NT, SLOTS, BLOCK = cfg.head_dim, cfg.tile_tokens, cfg.num_threads, cfg.acc_slots, cfg.block_size
+    MAX_ROWS = cfg.max_rows
+    D_PAD = D + 1  # shared rows padded by one float: row t starts in bank (t * (D+1)) % 32, not all in bank 0
     CHUNK = cfg.chunk_tokens  # tokens of a tile that lie in one KV block
     CHUNKS = TILE // CHUNK
     CHUNK_ELEMENTS = CHUNK * D
@@ -156,5 +161,36 @@ def make_tile_ops(cfg: KernelConfig) -> TileOps:
                     a += p_s[r, t] * v_s[t, d]
                 acc[j] = a
 
+    @cuda.jit(device=True)
+    def attend(acc, q, q_start, k_cache, v_cache, block_tables, seq, kv_head, group, row0, rows, scale, first_limit,
+               key_begin, key_end):
+        # The block's rows over keys [key_begin, key_end) of the sequence, a tile at a time. Returns the
+        # shared (m_s, l_s): for row r, m_s[r] is its largest score and l_s[r] its sum of exp(score - m_s[r]);
+        # acc ends as each row's sum of exp(score - m_s[r]) v.
+        # Shared memory, one array a line (numba's simulator tells shared arrays apart by their line):
+        q_s = cuda.shared.array((MAX_ROWS, D_PAD), float32)  # the rows' queries, times scale
+        k_s = cuda.shared.array((TILE, D_PAD), float32)  # one tile of keys ...
+        v_s = cuda.shared.array((TILE, D_PAD), float32)  # ... and values
+        p_s = cuda.shared.array((MAX_ROWS, TILE), float32)  # the tile's scores, then probabilities
+        m_s = cuda.shared.array(MAX_ROWS, float32)  # per row: running max,
+        l_s = cuda.shared.array(MAX_ROWS, float32)  # running sum,
+        alpha_s = cuda.shared.array(MAX_ROWS, float32)  # this tile's rescale factor,
+        limit_s = cuda.shared.array(MAX_ROWS, int32)  # and how many keys it sees
+        load_query_rows(q_s, q, q_start, kv_head, group, row0, rows, scale)
+        init_rows(m_s, l_s, limit_s, rows, row0, group, first_limit)
+        zero_acc(acc)
+        cuda.syncthreads()
+        for tile_start in range(key_begin, key_end, TILE):
+            n = min(TILE, key_end - tile_start)
+            load_kv_tile(k_s, v_s, k_cache, v_cache, block_tables, seq, kv_head, tile_start, n)
+            cuda.syncthreads()
+            score_tile(p_s, q_s, k_s, limit_s, rows, n, tile_start)
+            cuda.syncthreads()
+            softmax_step(p_s, m_s, l_s, alpha_s, rows)
+            cuda.syncthreads()
+            accumulate_tile(acc, p_s, v_s, alpha_s, rows)
+            cuda.syncthreads()  # the next tile overwrites k_s, v_s and p_s
+        return m_s, l_s
+
     return TileOps(load_query_rows, init_rows, load_kv_tile, score_tile, softmax_step, accumulate_tile,
-                   zero_acc)
+                   zero_acc, attend)

@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 from functools import cache
 
-from numba import cuda, float32, int32
+from numba import cuda, float32
 
 from minipaged.attention.kernels.config import KernelConfig
 from minipaged.attention.kernels.tile_ops import NEG_INF, make_tile_ops
@@ -37,10 +37,8 @@ from minipaged.attention.kernels.tile_ops import NEG_INF, make_tile_ops
 @cache
 def make_v2_kernels(cfg: KernelConfig):
     """Returns (partition_kernel, merge_kernel) for cfg's sizes."""
-    D, TILE, NT, MAX_ROWS, SLOTS = cfg.head_dim, cfg.tile_tokens, cfg.num_threads, cfg.max_rows, cfg.acc_slots
-    D_PAD = D + 1  # shared rows padded by one float: row t starts in bank (t * (D+1)) % 32, not all in bank 0
-    (load_query_rows, init_rows, load_kv_tile, score_tile, softmax_step, accumulate_tile,
-     zero_acc) = make_tile_ops(cfg)
+    D, NT, MAX_ROWS, SLOTS = cfg.head_dim, cfg.num_threads, cfg.max_rows, cfg.acc_slots
+    attend = make_tile_ops(cfg).attend
 
     @cuda.jit
     def paged_attention_v2_partition(part_out, part_max, part_sum, q, k_cache, v_cache, block_tables,
@@ -72,31 +70,9 @@ def make_v2_kernels(cfg: KernelConfig):
                 part_sum[q_start + qi, head, part] = 0.0
             return
 
-        q_s = cuda.shared.array((MAX_ROWS, D_PAD), float32)
-        k_s = cuda.shared.array((TILE, D_PAD), float32)
-        v_s = cuda.shared.array((TILE, D_PAD), float32)
-        p_s = cuda.shared.array((MAX_ROWS, TILE), float32)
-        m_s = cuda.shared.array(MAX_ROWS, float32)
-        l_s = cuda.shared.array(MAX_ROWS, float32)
-        alpha_s = cuda.shared.array(MAX_ROWS, float32)
-        limit_s = cuda.shared.array(MAX_ROWS, int32)
         acc = cuda.local.array(SLOTS, float32)
-
-        load_query_rows(q_s, q, q_start, kv_head, group, row0, rows, scale)
-        init_rows(m_s, l_s, limit_s, rows, row0, group, first_limit)
-        zero_acc(acc)
-        cuda.syncthreads()
-
-        for tile_start in range(key_begin, key_end, TILE):
-            n = min(TILE, key_end - tile_start)
-            load_kv_tile(k_s, v_s, k_cache, v_cache, block_tables, seq, kv_head, tile_start, n)
-            cuda.syncthreads()
-            score_tile(p_s, q_s, k_s, limit_s, rows, n, tile_start)
-            cuda.syncthreads()
-            softmax_step(p_s, m_s, l_s, alpha_s, rows)
-            cuda.syncthreads()
-            accumulate_tile(acc, p_s, v_s, alpha_s, rows)
-            cuda.syncthreads()
+        m_s, l_s = attend(acc, q, q_start, k_cache, v_cache, block_tables, seq, kv_head, group, row0, rows, scale,
+                          first_limit, key_begin, key_end)
 
         for j in range(SLOTS):
             i = tid + j * NT

@@ -22,13 +22,12 @@ step's fixed part is worth hundreds of tokens, not dozens, so chunks come nearly
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import time
 from statistics import median
 
-from minipaged.lab import capture
+from minipaged.lab.bench import add_attention_argument, add_output_arguments, finish, identical_outputs_line
 from minipaged.lab.simulator.chunked import make_chunked_workload
 from minipaged.metrics_reader import percentile
 
@@ -174,7 +173,7 @@ def format_result(r: dict) -> str:
     lines.append(f"\none forward pass costs {1000 * c['overhead_s']:.1f} ms + {1000 * c['per_token_s']:.2f} ms per "
                  f"token (fitted over every step): the fixed part is worth {c['overhead_tokens']:.0f} tokens "
                  f"(the simulator's --step-overhead)")
-    lines.append(f"identical outputs, token for token, in every run: {'yes' if r['identical_outputs'] else 'NO'}")
+    lines.append(identical_outputs_line(r, "in every run"))
     for path in r.get("plots", []):
         lines.append(f"saved {path}")
     return "\n".join(lines)
@@ -187,19 +186,12 @@ def add_arguments(p):
                    help="max_num_batched_tokens of the chunked systems (default: 256 128 64)")
     p.add_argument("--max-num-seqs", type=int, default=8, help="most requests running at once (default: 8)")
     p.add_argument("--repeats", type=int, default=2, help="rounds; figures are the medians (default: 2)")
-    p.add_argument("--attention", default="torch_batched", choices=["torch_batched", "cpu", "torch"],
-                   help="attention backend (default: torch_batched)")
+    add_attention_argument(p)
     p.add_argument("--seed", type=int, default=0, help="trace seed (default: 0)")
-    p.add_argument("--plot-dir", default=None, help="also save chunked_itl.png and chunked_step_cost.png there")
-    p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    add_output_arguments(p, "chunked_itl.png and chunked_step_cost.png")
 
 
 def main(args) -> int:
     r = run(args.model, args.requests, tuple(args.budgets), args.max_num_seqs, args.repeats, attention=args.attention,
             seed=args.seed, progress=not args.json, plot_dir=args.plot_dir)
-    capture.publish(r)
-    if args.json:
-        print(json.dumps(r, indent=2))
-    else:
-        print(format_result(r))
-    return 0 if r["identical_outputs"] else 1
+    return finish(r, args.json, format_result)

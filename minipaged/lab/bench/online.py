@@ -87,8 +87,9 @@ import sys
 import time
 
 from minipaged.lab import capture
+from minipaged.lab.bench import add_output_arguments
 from minipaged.lab.bench.noise import describe_probe, gemm_probe, probe_pair
-from minipaged.lab.bench.serving import make_trace, random_prompt
+from minipaged.lab.bench.serving import add_trace_arguments, make_trace, random_prompt
 from minipaged.lab.simulator.online import SYSTEMS, StepTimeModel, simulate
 from minipaged.metrics_reader import percentile
 
@@ -713,12 +714,7 @@ def add_arguments(p):
     p.add_argument("--real-requests", type=int, default=48,
                    help="requests per real-server run (default: 48)")
     p.add_argument("--real-seeds", type=int, default=2, help="repeats of every real-server run (default: 2)")
-    p.add_argument("--scale", type=float, default=0.1,
-                   help="multiply the ShareGPT-like prompt and output lengths by this (default: 0.1)")
-    p.add_argument("--kv-capacity", type=int, default=1536,
-                   help="KV token slots every system gets (default: 1536, six max_model_len slabs)")
-    p.add_argument("--max-model-len", type=int, default=256,
-                   help="longest prompt + output; the contiguous slab size (default: 256)")
+    add_trace_arguments(p)
     p.add_argument("--max-num-seqs", type=int, default=64, help="most sequences in a running batch (default: 64)")
     p.add_argument("--real-drain-seconds", type=float, default=30.0,
                    help="the real cap: requests not done this long after the last arrival are cancelled "
@@ -734,8 +730,7 @@ def add_arguments(p):
     p.add_argument("--skip-real", action="store_true", help="the simulated sweep only (no server is started)")
     p.add_argument("--skip-overhead", action="store_true", help="skip the server-vs-offline comparison")
     p.add_argument("--seed", type=int, default=0, help="the first trace and arrival seed (default: 0)")
-    p.add_argument("--plot-dir", default=None, help="also save online_latency.png there")
-    p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    add_output_arguments(p, "online_latency.png")
 
 
 def main(args) -> int:

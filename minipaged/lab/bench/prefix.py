@@ -27,12 +27,11 @@ arrivals over time, eviction under memory pressure (the simulator does that:
 from __future__ import annotations
 
 import copy
-import json
 import os
 import time
 from statistics import median
 
-from minipaged.lab import capture
+from minipaged.lab.bench import add_attention_argument, add_output_arguments, finish, identical_outputs_line
 
 SYSTEM_PROMPT = (
     "You are the help desk of the Riverside Community Library. Follow these rules in every answer. "
@@ -200,7 +199,7 @@ def format_result(r: dict) -> str:
     tc, tw = sum(t["cold"]["ttft"] for t in turns), sum(t["warm"]["ttft"] for t in turns)
     lines.append(f"over the conversation: {c / w:.2f}x fewer prompt tokens computed, {tc / tw:.2f}x less time to "
                  "first token in total\n")
-    lines.append(f"identical outputs, token for token, in every round: {'yes' if r['identical_outputs'] else 'NO'}")
+    lines.append(identical_outputs_line(r, "in every round"))
     lines.append(f"warm engine: hit rate {100 * r['hit_rate']:.1f}% of the prompt tokens it looked up, "
                  f"{r['evictions']} evictions")
     if r.get("plot"):
@@ -216,17 +215,13 @@ def add_arguments(p):
                                                         "(default: 6)")
     p.add_argument("--max-tokens", type=int, default=32, help="most new tokens per answer (default: 32)")
     p.add_argument("--kv-capacity", type=int, default=16384, help="KV token slots of each engine (default: 16384)")
-    p.add_argument("--attention", default="torch_batched", choices=["torch_batched", "cpu", "torch"],
-                   help="attention backend of both engines (default: torch_batched)")
+    add_attention_argument(p, "attention backend of both engines (default: torch_batched)")
     p.add_argument("--repeats", type=int, default=3,
                    help="rounds of both workloads; times are the medians (default: 3)")
-    p.add_argument("--plot-dir", default=None, help="also save prefix_turns.png there")
-    p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    add_output_arguments(p, "prefix_turns.png")
 
 
 def main(args) -> int:
     r = run(args.model, args.questions, args.turns, args.max_tokens, args.kv_capacity, args.attention,
             repeats=args.repeats, progress=not args.json, plot_dir=args.plot_dir)
-    capture.publish(r)
-    print(json.dumps(r, indent=2) if args.json else format_result(r))
-    return 0 if r["identical_outputs"] else 1
+    return finish(r, args.json, format_result)

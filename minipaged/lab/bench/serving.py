@@ -48,6 +48,7 @@ import random
 import time
 
 from minipaged.lab import capture
+from minipaged.lab.bench import add_attention_argument
 from minipaged.lab.simulator.workloads import make_workload
 from minipaged.metrics_reader import find, percentile
 
@@ -316,23 +317,31 @@ def format_result(r: dict) -> str:
     return "\n".join(lines)
 
 
+# The trace and the KV memory every system is given; chapter 11's online benchmark (bench/online.py) takes them too.
+TRACE_OPTIONS = (
+    ("--scale", float, 0.1, "multiply the ShareGPT-like prompt and output lengths by this (default: 0.1)"),
+    ("--kv-capacity", int, 1536, "KV token slots every system gets (default: 1536, six max_model_len slabs)"),
+    ("--max-model-len", int, 256, "longest prompt + output; the contiguous slab size (default: 256)"),
+)
+
+
+def add_trace_arguments(p):
+    """--scale, --kv-capacity and --max-model-len (TRACE_OPTIONS)."""
+    for flag, kind, default, text in TRACE_OPTIONS:
+        p.add_argument(flag, type=kind, default=default, help=text)
+
+
 def add_arguments(p):
     p.add_argument("--model", default="smollm2-135m", help="model name (default: smollm2-135m)")
     p.add_argument("--requests", type=int, default=64, help="requests in the trace (default: 64)")
-    p.add_argument("--scale", type=float, default=0.1,
-                   help="multiply the ShareGPT-like prompt and output lengths by this (default: 0.1)")
-    p.add_argument("--kv-capacity", type=int, default=1536,
-                   help="KV token slots every system gets (default: 1536, six max_model_len slabs)")
-    p.add_argument("--max-model-len", type=int, default=256,
-                   help="longest prompt + output; the contiguous slab size (default: 256)")
+    add_trace_arguments(p)
     p.add_argument("--max-num-seqs", type=int, default=32, help="most sequences in a running batch (default: 32)")
     p.add_argument("--hf-batch-sizes", default="4,8,16",
                    help="HF generate batch sizes to try, comma-separated; the best that fits the KV capacity "
                         "is kept (default: 4,8,16)")
     p.add_argument("--pressure-capacity", type=int, default=None,
                    help="KV slots for the recompute vs swap runs (default: a quarter of --kv-capacity)")
-    p.add_argument("--attention", default="torch_batched", choices=["torch_batched", "cpu", "torch"],
-                   help="the engine's attention backend for every system (default: torch_batched)")
+    add_attention_argument(p, "the engine's attention backend for every system (default: torch_batched)")
     p.add_argument("--orca", default="max,pow2,oracle",
                    help="reservation rules of the Orca systems (continuous batching over contiguous slabs), "
                         "comma-separated among max, pow2, oracle, or 'none' (default: all three)")

@@ -20,6 +20,7 @@ import json
 import os
 
 from minipaged.lab import capture
+from minipaged.lab.bench import add_output_arguments
 
 INSTRUCTIONS = [
     "Give three tips for keeping a houseplant alive.",
@@ -89,9 +90,8 @@ def format_result(result: dict) -> str:
 def add_arguments(p):
     p.add_argument("--model", default="smollm2-135m", help="model name (default: smollm2-135m)")
     p.add_argument("--max-tokens", type=int, default=64, help="tokens per sample or beam (default: 64)")
-    p.add_argument("--plot-dir", default=None, help="also save beam_blocks.png: blocks per step of one beam search")
+    add_output_arguments(p, "beam_blocks.png (blocks per step of one beam search)", table="a table")
     p.add_argument("--plot-width", type=int, default=4, help="the beam width that figure shows (default: 4)")
-    p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
 
 
 def main(args) -> int:

@@ -26,12 +26,11 @@ draft model.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from statistics import median
 
-from minipaged.lab import capture
+from minipaged.lab.bench import add_attention_argument, add_output_arguments, finish, identical_outputs_line
 
 COPY = [
     "Repeat this list exactly: apples, pears, plums, figs, dates, limes, cherries, grapes.",
@@ -187,8 +186,7 @@ def format_result(r: dict) -> str:
     cost = r["pass_cost_s"]
     lines.append("one request's forward pass computing n tokens (a step with a draft of n - 1), ms: " +
                  ", ".join(f"{n}: {1000 * s:.0f}" for n, s in cost.items()))
-    lines.append(f"identical outputs, token for token, with and without speculation: "
-                 f"{'yes' if r['identical_outputs'] else 'NO'}")
+    lines.append(identical_outputs_line(r, "with and without speculation"))
     if r.get("plot"):
         lines.append(f"saved {r['plot']}")
     return "\n".join(lines)
@@ -199,16 +197,12 @@ def add_arguments(p):
     p.add_argument("--k", type=int, nargs="+", default=[2, 4, 8],
                    help="num_speculative_tokens values to compare with no speculation (default: 2 4 8)")
     p.add_argument("--max-tokens", type=int, default=64, help="most new tokens per answer (default: 64)")
-    p.add_argument("--attention", default="torch_batched", choices=["torch_batched", "cpu", "torch"],
-                   help="attention backend (default: torch_batched)")
+    add_attention_argument(p)
     p.add_argument("--repeats", type=int, default=3, help="rounds; wall times are the medians (default: 3)")
-    p.add_argument("--plot-dir", default=None, help="also save spec_speedup.png there")
-    p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    add_output_arguments(p, "spec_speedup.png")
 
 
 def main(args) -> int:
     r = run(args.model, tuple(args.k), args.max_tokens, args.attention, progress=not args.json,
             plot_dir=args.plot_dir, repeats=args.repeats)
-    capture.publish(r)
-    print(json.dumps(r, indent=2) if args.json else format_result(r))
-    return 0 if r["identical_outputs"] else 1
+    return finish(r, args.json, format_result)

@@ -152,36 +152,39 @@ def cmd_render(args) -> int:
     return 0
 
 
+def _command(sub, name: str, run, text: str) -> argparse.ArgumentParser:
+    """Add the subcommand ``name``, which calls ``run(args)``; its options go on the parser returned."""
+    p = sub.add_parser(name, help=text)
+    p.set_defaults(run=run)
+    return p
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m minipaged.lab.exercises", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("list", help="every exercise: id, chapter, title, its file and tests")
+    p = _command(sub, "list", cmd_list, "every exercise: id, chapter, title, its file and tests")
     p.add_argument("--chapter", type=_chapter, help="only this chapter's (e.g. 03)")
     p.add_argument("--json", action="store_true", help="as JSON, with each task, hint and test list")
-    p.set_defaults(run=cmd_list)
-    p = sub.add_parser("student", help="write a student copy of this repository with the solutions stubbed")
+    p = _command(sub, "student", cmd_student, "write a student copy of this repository with the solutions stubbed")
     p.add_argument("dir", help="a new folder to write the copy to")
     p.add_argument("--upto", type=_chapter, help="stub only the exercises of chapters up to this one (e.g. 04)")
     p.add_argument("--only", help="stub only these exercise ids, comma-separated (e.g. 03.1,03.2)")
     p.add_argument("--keep-answers", action="store_true",
                    help="keep the chapters' worked answers and quotes of the code to write (self-study, "
                         "or the instructor's copy)")
-    p.set_defaults(run=cmd_student)
-    p = sub.add_parser("check", help="run one exercise's tests here and say how many pass and what failed first")
+    p = _command(sub, "check", cmd_check, "run one exercise's tests here and say how many pass and what failed first")
     p.add_argument("id", help="the exercise id, e.g. 03.1")
     p.add_argument("--timeout", type=float, default=1800, help="seconds before the run is stopped (default 1800)")
-    p.set_defaults(run=cmd_check)
-    p = sub.add_parser("grade", help="grade student copies: one row per copy and exercise")
+    p = _command(sub, "grade", cmd_grade, "grade student copies: one row per copy and exercise")
     p.add_argument("dirs", nargs="+", metavar="DIR", help="student copies (each holds a minipaged/ folder)")
     p.add_argument("--csv", metavar="FILE", help="write CSV to FILE ('-' for standard output)")
     p.add_argument("--upto", type=_chapter, help="only the exercises of chapters up to this one")
     p.add_argument("--only", help="only these exercise ids, comma-separated")
     p.add_argument("--timeout", type=float, default=1800, help="seconds before one copy's run is stopped")
-    p.set_defaults(run=cmd_grade)
-    p = sub.add_parser("render", help="write the catalog into the chapters' Exercises sections and the instructor page")
+    p = _command(sub, "render", cmd_render,
+                 "write the catalog into the chapters' Exercises sections and the instructor page")
     p.add_argument("--check", action="store_true", help="only report files that are out of date (exit 1 if any)")
-    p.set_defaults(run=cmd_render)
     args = parser.parse_args(argv)
     try:
         return args.run(args)

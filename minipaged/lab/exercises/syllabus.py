@@ -4,10 +4,11 @@ Each chapter has four kinds of work:
 
     reading         the chapter's text, following its code walk in the source
     notebook        running and reading its notebook (not counting the first download of the weights)
-    graded          its graded exercises: the sum of their minutes in the catalog (catalog/chNN.py)
+    graded          its graded exercises: the sum of their minutes in the catalog (catalog/chNN.toml)
     open questions  its questions without a grader: predictions, measurements, extensions
 
-The first, second and fourth are estimates kept here (CHAPTER_TIMES); the third is the catalog's. They
+The first, second and fourth are estimates kept beside the exercises, in each catalog file's
+``[chapter]`` table; the third is the exercises' own. They
 are estimates for a student who has done the chapters before, not measurements: reading at about 150
 words a minute of technical text with code beside it, a notebook at a little over a minute a cell,
 an open question at 10 to 20 minutes (an extension, such as a kernel optimization or a server
@@ -26,35 +27,10 @@ commands), and a plan for a course of another length (the weeks are one table be
 from __future__ import annotations
 
 import textwrap
-from dataclasses import dataclass
 
-from minipaged.lab.exercises.catalog import Exercise
+from minipaged.lab.exercises.catalog import Chapter, Exercise, all_chapters
 
-
-@dataclass(frozen=True)
-class ChapterTime:
-    chapter: str  # "00"
-    title: str
-    slug: str  # the folder under chapters/ and the notebook's name
-    reading: int  # minutes
-    notebook: int  # minutes
-    open_questions: int  # minutes, all of the chapter's questions without a grader
-
-
-CHAPTER_TIMES = (
-    ChapterTime("00", "The KV cache", "00_the-kv-cache", 40, 30, 40),
-    ChapterTime("01", "Contiguous cache", "01_contiguous-cache", 30, 30, 45),
-    ChapterTime("02", "Fixed blocks", "02_fixed-blocks", 25, 20, 40),
-    ChapterTime("03", "Block table", "03_block-table", 30, 30, 40),
-    ChapterTime("04", "On-demand allocation", "04_on-demand-allocation", 35, 30, 45),
-    ChapterTime("05", "Copy-on-write", "05_copy-on-write", 60, 30, 60),
-    ChapterTime("06", "Continuous batching", "06_continuous-batching", 55, 30, 50),
-    ChapterTime("07", "Prefix caching", "07_prefix-caching", 60, 30, 50),
-    ChapterTime("08", "Chunked prefill", "08_chunked-prefill", 50, 20, 45),
-    ChapterTime("09", "Speculative decoding", "09_speculative-decoding", 50, 20, 45),
-    ChapterTime("10", "PagedAttention kernel", "10_paged-attention-kernel", 60, 30, 90),
-    ChapterTime("11", "Serving", "11_serving", 50, 30, 90),
-)
+CHAPTER_TIMES = tuple(all_chapters())  # each chapter's [chapter] table in its catalog file
 
 # A 14-week semester: (week, chapters, what the week is about). Weeks without a chapter are the
 # project's, whose time is the class's own choice.
@@ -87,7 +63,7 @@ def graded_minutes(exercises: list[Exercise], chapter: str) -> int:
     return sum(e.minutes for e in exercises if e.chapter == chapter)
 
 
-def chapter_minutes(t: ChapterTime, exercises: list[Exercise]) -> int:
+def chapter_minutes(t: Chapter, exercises: list[Exercise]) -> int:
     return t.reading + t.notebook + graded_minutes(exercises, t.chapter) + t.open_questions
 
 
@@ -113,7 +89,7 @@ def time_table(exercises: list[Exercise]) -> str:
     for t in CHAPTER_TIMES:
         graded = graded_minutes(exercises, t.chapter)
         n = sum(e.chapter == t.chapter for e in exercises)
-        lines.append(f"| {t.chapter} | [{t.title}](../../chapters/{t.slug}/README.md) | {_h(t.reading)} | "
+        lines.append(f"| {t.chapter} | [{t.title}](../../chapters/{t.folder}/README.md) | {_h(t.reading)} | "
                      f"{_h(t.notebook)} | {_h(graded)} ({n}) | {_h(t.open_questions)} | "
                      f"{_h(chapter_minutes(t, exercises))} |")
     s = totals(exercises)
@@ -127,8 +103,8 @@ def semester_plan(exercises: list[Exercise]) -> str:
     lines = [PLAN_BEGIN, "", "| week | chapters | notebooks | graded exercises | hours | the week |",
              "|---|---|---|---|---|---|"]
     for week, chapters, about in SEMESTER:
-        links = ", ".join(f"[{c}](../../chapters/{times[c].slug}/README.md)" for c in chapters) or "none"
-        books = ", ".join(f"[{c}](../../notebooks/{times[c].slug}.ipynb)" for c in chapters) or ""
+        links = ", ".join(f"[{c}](../../chapters/{times[c].folder}/README.md)" for c in chapters) or "none"
+        books = ", ".join(f"[{c}](../../notebooks/{times[c].folder}.ipynb)" for c in chapters) or ""
         ids = ", ".join(e.id for e in exercises if e.chapter in chapters) or ""
         minutes = sum(chapter_minutes(times[c], exercises) for c in chapters)
         lines.append(f"| {week} | {links} | {books} | {ids} | {_h(minutes) if chapters else ''} | {about} |")

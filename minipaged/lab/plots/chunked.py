@@ -5,6 +5,16 @@ from __future__ import annotations
 from minipaged.lab.plots.style import save
 
 
+def _finish(fig, axes, path: str | None, title: str):
+    """What the line plots below end with: a light grid and a small legend on each of ``axes``, the
+    figure's title, and ``save``."""
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(title)
+    return save(fig, path)
+
+
 def plot_step_tokens(rows: list[dict], budget: int, steps: int = 160, path: str | None = None,
                      title: str | None = None):
     """rows from ``simulator.chunked.simulate_chunked``: the tokens each step computes, split into
@@ -56,10 +66,8 @@ def plot_budget_sweep(rows: list[dict], path: str | None = None, title: str | No
         ax.set_xscale("log", base=2)
         ax.set_xticks(x, [str(b) for b in x])
         ax.set_xlabel("max_num_batched_tokens")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.suptitle(title or "A smaller budget: shorter waits between tokens, a later first token")
-    return save(fig, path)
+    return _finish(fig, (left, right), path,
+                   title or "A smaller budget: shorter waits between tokens, a later first token")
 
 
 def plot_itl_cdf(systems: dict, path: str | None = None, title: str | None = None):
@@ -81,10 +89,7 @@ def plot_itl_cdf(systems: dict, path: str | None = None, title: str | None = Non
     for ax in (left, right):
         ax.set_xscale("log")
         ax.set_xlabel("time between two tokens of a request (ms)")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.suptitle(title or "Inter-token latency on SmolLM2: chunks cut the long waits")
-    return save(fig, path)
+    return _finish(fig, (left, right), path, title or "Inter-token latency on SmolLM2: chunks cut the long waits")
 
 
 def plot_step_cost(points: list[tuple[int, float]], fit: tuple[float, float], path: str | None = None,
@@ -102,7 +107,4 @@ def plot_step_cost(points: list[tuple[int, float]], fit: tuple[float, float], pa
             label=f"{1000 * a:.0f} ms + {1000 * b:.2f} ms per token")
     ax.set_xlabel("tokens computed in the step")
     ax.set_ylabel("forward pass (ms)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.suptitle(title or "What a step costs: a fixed part and a part per token")
-    return save(fig, path)
+    return _finish(fig, (ax,), path, title or "What a step costs: a fixed part and a part per token")

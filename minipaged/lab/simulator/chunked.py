@@ -23,7 +23,7 @@ from __future__ import annotations
 import random
 
 from minipaged.kv import make_policy
-from minipaged.lab.simulator.serving import simulate_serving
+from minipaged.lab.simulator.serving import simulate_serving, text_table
 from minipaged.lab.simulator.workloads import Request
 from minipaged.metrics_reader import percentile
 
@@ -88,17 +88,17 @@ def _cost(x) -> str:
 
 def format_rows(rows, step_overhead: float) -> str:
     base = rows[0]
-    lines = [f"{'budget':>8}{'steps':>7}{'max step':>10}{'ITL p50':>9}{'ITL p99':>9}{'ITL max':>9}"
-             f"{'p99 vs whole':>14}{'TTFT short':>12}{'TTFT long':>11}{'total':>10}{'vs whole':>10}"]
-    lines.append("-" * len(lines[0]))
+    header = (f"{'budget':>8}{'steps':>7}{'max step':>10}{'ITL p50':>9}{'ITL p99':>9}{'ITL max':>9}"
+              f"{'p99 vs whole':>14}{'TTFT short':>12}{'TTFT long':>11}{'total':>10}{'vs whole':>10}")
+    lines = []
     for r in rows:
         name = "whole" if r["budget"] is None else str(r["budget"])
         lines.append(f"{name:>8}{r['steps']:>7}{r['max_step_tokens']:>10}{r['itl_p50']:>9.0f}{r['itl_p99']:>9.0f}"
                      f"{r['itl_max']:>9.0f}{base['itl_p99'] / r['itl_p99']:>13.2f}x{_cost(r['ttft_short_p50']):>12}"
                      f"{_cost(r['ttft_long_p50']):>11}{r['total']:>10.0f}{r['total'] / base['total']:>9.3f}x")
-    lines.append(f"cost units: one token's forward pass; every step also pays an overhead of {step_overhead:g}")
-    lines.append(LEGEND)
-    return "\n".join(lines)
+    return text_table(header, lines,
+                      f"cost units: one token's forward pass; every step also pays an overhead of {step_overhead:g}",
+                      LEGEND)
 
 
 LEGEND = """\

@@ -24,7 +24,7 @@ import random
 
 from minipaged.kv import make_policy
 from minipaged.kv.prefix_cache import block_keys
-from minipaged.lab.simulator.serving import simulate_serving
+from minipaged.lab.simulator.serving import simulate_serving, text_table
 from minipaged.lab.simulator.workloads import Request
 
 DEFAULTS = dict(num_requests=400, num_prefixes=8, prefix_len=400, suffix_len=(8, 64), output_len=(16, 128),
@@ -92,17 +92,15 @@ def sweep_capacity(requests, capacities, progress: bool = False, **options) -> l
 
 
 def format_sweep(rows, ideal: float) -> str:
-    lines = [f"{'KV slots':>9}{'hit rate':>10}{'evictions':>11}{'computed cold':>15}{'computed warm':>15}"
-             f"{'ratio':>8}{'steps cold':>12}{'steps warm':>12}"]
-    lines.append("-" * len(lines[0]))
+    header = (f"{'KV slots':>9}{'hit rate':>10}{'evictions':>11}{'computed cold':>15}{'computed warm':>15}"
+              f"{'ratio':>8}{'steps cold':>12}{'steps warm':>12}")
+    lines = []
     for r in rows:
         cold, warm = r["shared"], r["prefix_caching"]
         lines.append(f"{r['capacity']:>9}{100 * r['hit_rate']:>9.1f}%{r['evictions']:>11}"
                      f"{cold['tokens_computed']:>15}{warm['tokens_computed']:>15}{r['compute_ratio']:>7.2f}x"
                      f"{cold['steps']:>12}{warm['steps']:>12}")
-    lines.append(f"an unbounded cache would serve {100 * ideal:.1f}% of the prompt tokens")
-    lines.append(LEGEND)
-    return "\n".join(lines)
+    return text_table(header, lines, f"an unbounded cache would serve {100 * ideal:.1f}% of the prompt tokens", LEGEND)
 
 
 LEGEND = """\

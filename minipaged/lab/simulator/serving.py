@@ -57,6 +57,11 @@ class ServingRun:
         return self.stats.get("preemptions", 0)
 
 
+def text_table(header: str, rows: list[str], *notes: str) -> str:
+    """A table as the simulator prints it: the header, a rule as wide, a line per row, then the notes."""
+    return "\n".join([header, "-" * len(header), *rows, *notes])
+
+
 CHECK_BLOCKS = 1024  # pools up to this many blocks are checked after every step
 
 

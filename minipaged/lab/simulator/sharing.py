@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from minipaged.kv.shared import SharedPolicy
 from minipaged.lab.simulator.workloads import Request
@@ -64,11 +64,8 @@ class SharingResult:
     n: int  # samples, or beam width
     requests: int
     block_size: int
-    steps: int = 0
-    physical_block_steps: int = 0  # sum over steps of blocks in use
-    logical_block_steps: int = 0  # sum over steps of blocks the same sequences would hold unshared
-    peak_physical_blocks: int = 0
-    peak_logical_blocks: int = 0
+    physical: list[int] = field(default_factory=list)  # per step: blocks in use
+    logical: list[int] = field(default_factory=list)  # per step: blocks the same sequences would hold unshared
     forks: int = 0
     cow_copies: int = 0
     preemptions: int = 0
@@ -76,24 +73,20 @@ class SharingResult:
     refused: int = 0
 
     @property
-    def saved_fraction(self) -> float:
-        if not self.logical_block_steps:
-            return 0.0
-        return 1 - self.physical_block_steps / self.logical_block_steps
+    def steps(self) -> int:
+        return len(self.physical)
 
-    def record(self, policy: SharedPolicy) -> None:
-        sharing = policy.sharing()
-        self.steps += 1
-        self.physical_block_steps += sharing.physical_blocks
-        self.logical_block_steps += sharing.logical_blocks
-        self.peak_physical_blocks = max(self.peak_physical_blocks, sharing.physical_blocks)
-        self.peak_logical_blocks = max(self.peak_logical_blocks, sharing.logical_blocks)
+    @property
+    def saved_fraction(self) -> float:
+        return 1 - sum(self.physical) / sum(self.logical) if sum(self.logical) else 0.0
 
     def summary(self) -> dict:
+        steps = max(self.steps, 1)
         return {"mode": self.mode, "n": self.n, "requests": self.requests, "saved": round(self.saved_fraction, 4),
-                "steps": self.steps, "mean_physical_blocks": round(self.physical_block_steps / max(self.steps, 1), 1),
-                "mean_logical_blocks": round(self.logical_block_steps / max(self.steps, 1), 1),
-                "peak_physical_blocks": self.peak_physical_blocks, "peak_logical_blocks": self.peak_logical_blocks,
+                "steps": self.steps, "mean_physical_blocks": round(sum(self.physical) / steps, 1),
+                "mean_logical_blocks": round(sum(self.logical) / steps, 1),
+                "peak_physical_blocks": max(self.physical, default=0),
+                "peak_logical_blocks": max(self.logical, default=0),
                 "forks": self.forks, "cow_copies": self.cow_copies, "preemptions": self.preemptions,
                 "finished": self.finished, "refused": self.refused}
 
@@ -116,12 +109,8 @@ def _run(core, result: SharingResult) -> None:
     with core.metrics.steps.recording() as rec:
         while core.has_unfinished_requests():
             core.step()
-    for record in rec.records:
-        result.steps += 1
-        result.physical_block_steps += record["blocks_physical"]
-        result.logical_block_steps += record["blocks_logical"]
-        result.peak_physical_blocks = max(result.peak_physical_blocks, record["blocks_physical"])
-        result.peak_logical_blocks = max(result.peak_logical_blocks, record["blocks_logical"])
+    result.physical = [record["blocks_physical"] for record in rec.records]
+    result.logical = [record["blocks_logical"] for record in rec.records]
     result.forks = core.stats.get("forks", 0)
     result.preemptions = core.stats.get("preemptions", 0)
     result.cow_copies = core.runner.num_copies

@@ -36,7 +36,7 @@ rewrites them to the site's pages. Chapters and notebooks are found by globbing,
 the navigation, ordered by their number, without touching this file. A link to a chapter that is not
 written yet becomes plain text (with a warning); every other broken link fails the build.
 
-Needs the packages in requirements-docs.txt. Works offline.
+Needs pyproject.toml's "docs" extra (pip install -r requirements.txt -e ".[docs]"). Works offline.
 """
 
 from __future__ import annotations

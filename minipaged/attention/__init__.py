@@ -52,7 +52,7 @@ def _load_optional_backends() -> None:
         if name not in _BACKENDS:
             try:
                 importlib.import_module(f"minipaged.attention.{module}")  # registers itself if numba is there
-            except ImportError:  # numba is not installed (requirements-dev.txt has it)
+            except ImportError:  # numba is not installed (the "test" extra has it)
                 pass
 
 
@@ -60,7 +60,7 @@ def _backend(name: str):
     if name not in _BACKENDS:
         _load_optional_backends()
     if name in NEEDS_NUMBA and name not in _BACKENDS:
-        raise ValueError(f"backend={name!r} needs numba, which is not installed: pip install -r requirements-dev.txt, "
+        raise ValueError(f"backend={name!r} needs numba, which is not installed: pip install -e \".[test]\", "
                          f"or choose one of {available_backends()}")
     if name not in _BACKENDS:
         raise ValueError(f"backend={name!r} is not known; choose one of {available_backends()}")

@@ -251,7 +251,7 @@ def paged_attention_numba_backend(q, k_cache, v_cache, block_tables, context_len
                                  query_lens=query_lens)
 
 
-if importlib.util.find_spec("numba") is not None:  # requirements-dev.txt installs it
+if importlib.util.find_spec("numba") is not None:  # the "test" extra installs it
     register_backend("numba", paged_attention_numba_backend)
 
 __all__ = ["paged_attention_numba", "paged_attention_numba_backend", "check_inputs", "check_values"]

@@ -49,6 +49,14 @@ def test_bad_input_is_an_error_message_not_a_traceback(capsys):
 def test_chat_command_real_model():
     r = run_cli("chat", "What is the capital of France?", "--max-tokens", "20")
     assert r.returncode == 0 and "Paris" in r.stdout
+    assert "Warning" not in r.stderr, r.stderr  # the demo prints no warning (progress bars only)
+
+
+def test_importing_the_package_prints_nothing():
+    """`import minipaged` and the model's modules print no warning, with every warning shown."""
+    code = "import minipaged, minipaged.model.llama, minipaged.llm, minipaged.server.api"
+    r = subprocess.run([sys.executable, "-W", "default", "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout == "" and r.stderr == "", r.stderr
 
 
 def test_penalty_options_reach_sampling(capsys):

@@ -19,7 +19,7 @@ if not HAS_GPU and "numba" not in sys.modules:
 @pytest.fixture(scope="session")
 def numba_cuda():
     """numba.cuda, real or simulated; skips (with the reason) if neither can run kernels here."""
-    pytest.importorskip("numba", reason="numba is not installed: pip install numba numba-cuda[cu13]")
+    pytest.importorskip("numba", reason="numba is not installed: pip install -e \".[test]\"")
     from numba import config
 
     if not HAS_GPU and not config.ENABLE_CUDASIM:

@@ -60,7 +60,7 @@ def test_a_paged_read_refuses_rows_that_are_not_whole_words(numba_cuda):
 
 
 def test_the_ceiling_kernels_compile_for_sm90_with_the_widths_they_are_named_for():
-    pytest.importorskip("numba", reason="numba is not installed: pip install numba numba-cuda[cu13]")
+    pytest.importorskip("numba", reason="numba is not installed: pip install -e \".[test]\"")
     env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "0", "PYTHONPATH": str(ROOT)}
     proc = subprocess.run([sys.executable, "-m", "minipaged.lab.kernels.ceilings", "--ptx", "--cc", "9.0"], cwd=ROOT,
                           env=env, capture_output=True, text=True, timeout=300)

@@ -19,12 +19,12 @@ KERNELS = {"v1", "v1_strided_q", "v1_block_size_1", "v2_partition", "v2_merge", 
 
 @pytest.fixture(scope="module")
 def ptx_summary():
-    pytest.importorskip("numba", reason="numba is not installed: pip install numba numba-cuda[cu13]")
+    pytest.importorskip("numba", reason="numba is not installed: pip install -e \".[test]\"")
     env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "0"}
     proc = subprocess.run([sys.executable, "-m", "minipaged.lab.kernels.ptx", "--cc", "9.0", "--json"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     if proc.returncode != 0 and ("NVVM" in proc.stderr or "libnvvm" in proc.stderr.lower()):
-        pytest.skip(f"numba cannot find NVVM here (pip install numba-cuda[cu13]): {proc.stderr[-300:]}")
+        pytest.skip(f"numba cannot find NVVM here (pip install -e \".[kernels]\"): {proc.stderr[-300:]}")
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout)
 

@@ -12,7 +12,7 @@ from minipaged.attention.kernels.config import KernelConfig
 
 # numba after this directory's conftest has chosen the simulator (or not); the kernel below must see
 # `cuda` as a module global, which the simulator swaps for its own while a kernel runs
-pytest.importorskip("numba", reason="numba is not installed: pip install numba numba-cuda[cu13]")
+pytest.importorskip("numba", reason="numba is not installed: pip install -e \".[test]\"")
 from numba import cuda, float32  # noqa: E402
 
 CFG = KernelConfig.for_simulator(head_dim=16)  # 8-key tiles, 8 rows, 32 threads

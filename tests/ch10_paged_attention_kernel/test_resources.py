@@ -17,7 +17,7 @@ def _has_ptxas() -> bool:
         return False
 
 
-needs_ptxas = pytest.mark.skipif(not _has_ptxas(), reason=f"ptxas is missing: pip install {resources.NVCC_WHEEL}")
+needs_ptxas = pytest.mark.skipif(not _has_ptxas(), reason="ptxas is missing: pip install -e \".[kernels]\"")
 
 
 @pytest.mark.parametrize("regs, smem, threads, expected", [
@@ -72,7 +72,7 @@ def test_a_missing_ptxas_names_the_package(monkeypatch):
 
 @pytest.fixture(scope="module")
 def today():
-    pytest.importorskip("numba", reason="numba is not installed: pip install numba numba-cuda[cu13]")
+    pytest.importorskip("numba", reason="numba is not installed: pip install -e \".[test]\"")
     rows = resources.kernel_resources_in_subprocess(head_dims=(64,), dtypes=("float16",),
                                                     kernels=("v1", "v2_partition"))
     return {r.kernel: r for r in rows}

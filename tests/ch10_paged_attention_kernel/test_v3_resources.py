@@ -18,7 +18,7 @@ import pytest
 from minipaged.attention.kernels.v3_config import BLOCKS_PER_SM_CLAIMED, OCCUPANCY_CLAIMED
 
 ROOT = Path(__file__).resolve().parents[2]
-pytest.importorskip("numba", reason="numba is not installed: pip install numba numba-cuda[cu13]")
+pytest.importorskip("numba", reason="numba is not installed: pip install -e \".[test]\"")
 if importlib.util.find_spec("minipaged.lab.kernels.resources") is None:
     pytest.skip("minipaged.lab.kernels.resources (the compile-time report) is not in this tree",
                 allow_module_level=True)
@@ -38,7 +38,7 @@ def report():
     proc = subprocess.run([sys.executable, "-c", REPORT.format(kernels=V3_KERNELS)], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=600)
     if proc.returncode != 0 and "ptxas" in proc.stderr and "not found" in proc.stderr.lower():
-        pytest.skip(f"ptxas is not installed (pip install nvidia-cuda-nvcc): {proc.stderr[-300:]}")
+        pytest.skip(f"ptxas is not installed (pip install -e \".[kernels]\"): {proc.stderr[-300:]}")
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = json.loads(proc.stdout.strip().splitlines()[-1])
     for r in rows:

@@ -39,12 +39,12 @@ def chromium_path() -> str:
     try:
         import playwright.sync_api  # noqa: F401
     except ImportError:
-        pytest.skip("the dashboard test needs playwright: pip install playwright "
+        pytest.skip("the dashboard test needs playwright: pip install -e \".[browser]\" "
                     "(it drives the system chromium: apt-get install -y chromium)")
     path = shutil.which("chromium") or shutil.which("chromium-browser")
     if path is None:
         pytest.skip("the dashboard test needs a chromium binary: apt-get install -y chromium "
-                    "(and pip install playwright)")
+                    "(and pip install -e \".[browser]\")")
     return path
 
 

@@ -110,7 +110,7 @@ def run(model="smollm2-135m", workloads=("readme", "support"), rounds=2, hf_batc
     engines = {"minipaged": llm, "chunked": chunked}
     hf = load_hf_model()
     if hf is None:
-        raise ValueError("bench throughput needs HF Transformers (pip install -r requirements-dev.txt)")
+        raise ValueError("bench throughput needs HF Transformers (pip install -e \".[test]\")")
     eos = llm.tokenizer.eos_token_id
     result = {"model": model, "rounds": rounds, "hf_batch_size": hf_batch_size, "engine": repr(llm.args),
               "workloads": {}}

@@ -148,7 +148,7 @@ def ptxas_path() -> str:
             if path.is_file() and os.access(path, os.X_OK):
                 return str(path)
     raise FileNotFoundError(f"ptxas not found: it comes with the pip package nvidia-cuda-nvcc 13.x "
-                            f"(pip install {NVCC_WHEEL}, listed in requirements-dev.txt)")
+                            f"(pip install -e \".[kernels]\", or pip install {NVCC_WHEEL})")
 
 
 PTXAS_USED = re.compile(r"Used (\d+) registers(?:.*?(\d+) bytes smem)?")

@@ -91,6 +91,8 @@ class EngineArgs:
     max_num_seqs: most sequences running at once; it also bounds SamplingParams.n and a beam search's
         beam_width. With kv_policy="per_request" the scheduler runs one request at a time whatever it
         says (``running_limit``): chapter 00's memory is the one-request loop it teaches.
+    max_logprobs: most top tokens a request may ask for at each step (SamplingParams.logprobs), as
+        vLLM's (20 by default); -1 allows up to the whole vocabulary.
     scheduler: (chapter 06) "continuous" (requests join and leave the batch at every step) or "static"
         (a batch runs until its longest request ends).
     preemption_mode: (chapter 06) what happens to the newest request when the pool runs dry: "recompute"
@@ -122,6 +124,7 @@ class EngineArgs:
     attention_backend: str = "cpu"
     cpu_kernels: bool = True
     max_num_seqs: int = 64
+    max_logprobs: int = 20
     scheduler: str = "continuous"
     preemption_mode: str = "recompute"
     max_num_batched_tokens: int | None = None
@@ -202,6 +205,7 @@ class EngineArgs:
         _one_of("reservation", self.reservation, RESERVATIONS)
         _one_of("attention_backend", self.attention_backend, ATTENTION_BACKENDS)
         _int_at_least("max_num_seqs", self.max_num_seqs, 1)
+        _int_at_least("max_logprobs", self.max_logprobs, -1)
         _one_of("scheduler", self.scheduler, SCHEDULERS)
         _one_of("preemption_mode", self.preemption_mode, PREEMPTION_MODES)
         _int_at_least("max_num_batched_tokens", self.max_num_batched_tokens, 1, none_ok=True)

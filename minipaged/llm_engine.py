@@ -131,7 +131,7 @@ class LLMEngine:
         if not isinstance(params, SamplingParams):
             hint = "; build one with SamplingParams(**fields)" if isinstance(params, dict) else ""
             raise ValueError(f"sampling_params must be a SamplingParams, got {_kind(params)}{hint}")
-        params.validate_for(self.config.vocab_size, self.args.max_num_seqs)
+        params.validate_for(self.config.vocab_size, self.args.max_num_seqs, self.args.max_logprobs)
         text, ids = prompt_token_ids(prompt, self.tokenizer, self.config.vocab_size, self.max_model_len, where)
         return text, ids, params
 

@@ -210,9 +210,9 @@ class SamplingParams:
     def stop_strings(self) -> list[str]:
         return self._stop_list
 
-    def validate_for(self, vocab_size: int, max_num_seqs: int | None = None) -> None:
+    def validate_for(self, vocab_size: int, max_num_seqs: int | None = None, max_logprobs: int = -1) -> None:
         """Checks that need the engine: token ids inside the model's vocabulary, logprobs at most
-        the vocabulary, and no more samples than the engine runs at once."""
+        max_logprobs (-1: the vocabulary), and no more samples than the engine runs at once."""
         self.validate()
         bad = [i for i in self.stop_token_ids if i >= vocab_size]
         if bad:
@@ -223,8 +223,10 @@ class SamplingParams:
         bad = [i for i in (self.logit_bias or {}) if i >= vocab_size]
         if bad:
             _fail("logit_bias", _Few({i: self.logit_bias[i] for i in bad}), f"token ids in [0, {vocab_size}) as keys")
-        if self.logprobs is not None and self.logprobs > vocab_size:
-            _fail("logprobs", self.logprobs, f"an integer in [0, {vocab_size}] (the vocabulary size), or None")
+        most = vocab_size if max_logprobs < 0 else min(max_logprobs, vocab_size)
+        if self.logprobs is not None and self.logprobs > most:
+            _fail("logprobs", self.logprobs, f"an integer in [0, {most}] (max_logprobs={max_logprobs}; -1: the "
+                  f"vocabulary, {vocab_size}), or None")
         if max_num_seqs is not None and self.n > max_num_seqs:
             _fail("n", self.n, f"an integer in [1, {max_num_seqs}]: the engine runs at most max_num_seqs="
                                f"{max_num_seqs} sequences at once; lower n or raise max_num_seqs")

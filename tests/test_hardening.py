@@ -125,11 +125,23 @@ def test_a_top_p_below_float32_keeps_the_most_likely_token(tiny_llm):
 
 
 @pytest.mark.parametrize("value,match", [(10**6, r"logprobs=1000000 .*\[0, 259\]"), (True, "logprobs=True")])
-def test_logprobs_beyond_the_vocabulary_are_refused_up_front(tiny_llm, value, match):
+def test_logprobs_beyond_the_vocabulary_are_refused_up_front(value, match):
+    from minipaged import LLM
+
+    llm = LLM("tiny", progress=False, max_logprobs=-1)  # no cap but the vocabulary
     with pytest.raises(ValueError, match=match):
-        tiny_llm.generate(["a", "b"], SamplingParams(logprobs=value, max_tokens=2), use_tqdm=False)
-    out = tiny_llm.generate(["a"], SamplingParams(logprobs=259, max_tokens=2), use_tqdm=False)[0].outputs[0]
+        llm.generate(["a", "b"], SamplingParams(logprobs=value, max_tokens=2), use_tqdm=False)
+    out = llm.generate(["a"], SamplingParams(logprobs=259, max_tokens=2), use_tqdm=False)[0].outputs[0]
     assert len(out.logprobs[0]) == 259  # the whole vocabulary is allowed
+    llm.engine.check_invariants(idle=True)
+
+
+def test_logprobs_stop_at_max_logprobs_as_in_vllm(tiny_llm):
+    assert tiny_llm.engine.args.max_logprobs == 20  # vLLM's default
+    with pytest.raises(ValueError, match=r"SamplingParams.logprobs=21 .*\[0, 20\] \(max_logprobs=20"):
+        tiny_llm.generate(["a"], SamplingParams(logprobs=21, max_tokens=2), use_tqdm=False)
+    out = tiny_llm.generate(["a"], SamplingParams(logprobs=20, max_tokens=2), use_tqdm=False)[0].outputs[0]
+    assert len(out.logprobs[0]) == 20
     tiny_llm.engine.check_invariants(idle=True)
 
 

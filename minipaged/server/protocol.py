@@ -118,7 +118,7 @@ class DetokenizeRequest(BaseModel):
     tokens: list[StrictInt]
 
 
-MAX_TOP_LOGPROBS = 20  # vLLM's max_logprobs default, and OpenAI's limit for chat's top_logprobs
+MAX_TOP_LOGPROBS = 20  # OpenAI's limit for chat's top_logprobs (completions' logprobs: EngineArgs.max_logprobs)
 ROLES = ("system", "developer", "user", "assistant", "tool")  # the roles OpenAI's chat API knows
 
 
@@ -155,9 +155,6 @@ def completion_inputs(body: CompletionRequest) -> tuple[list, SamplingParams]:
         _refuse("suffix", body.suffix, "insertion (a suffix) is not implemented")
     if body.best_of not in (None, body.n):
         _refuse("best_of", body.best_of, "best_of must equal n (or be left out): samples are not ranked here")
-    if body.logprobs is not None and body.logprobs > MAX_TOP_LOGPROBS:  # a negative one: SamplingParams says
-        raise ValueError(f"logprobs={body.logprobs} is not allowed: an integer in [0, {MAX_TOP_LOGPROBS}] "
-                         "(vLLM's max_logprobs)")
     prompt = body.prompt
     if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
         prompts = [prompt]

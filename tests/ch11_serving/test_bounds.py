@@ -69,18 +69,19 @@ def test_beam_search_params_edges(name, value, ok):
 
 
 def test_offline_engine_refuses_one_past_its_own_limits_before_any_work(tiny_llm):
-    """Limits that only the engine knows: n within max_num_seqs, logprobs within the vocabulary. A
+    """Limits that only the engine knows: n within max_num_seqs, logprobs within max_logprobs (20). A
     max_tokens past the context is not an error offline, as in vLLM's LLM: the output stops at
     max_model_len with finish_reason "length" (the server refuses it: test_server_edges)."""
     engine = tiny_llm.engine
     seqs, context, vocab = engine.args.max_num_seqs, tiny_llm.max_model_len, tiny_llm.config.vocab_size
     for params, field in [(SamplingParams(n=seqs + 1, max_tokens=2), "n"),
-                          (SamplingParams(logprobs=vocab + 1, max_tokens=2), "logprobs")]:
+                          (SamplingParams(logprobs=engine.args.max_logprobs + 1, max_tokens=2), "logprobs")]:
         with pytest.raises(ValueError, match=rf"SamplingParams\.{field}="):
             tiny_llm.generate(["a"], params, use_tqdm=False)
         engine.check_invariants(idle=True)
-    served = tiny_llm.generate(["a"], [SamplingParams(n=seqs, max_tokens=1, logprobs=vocab)], use_tqdm=False)[0]
-    assert len(served.outputs) == seqs and len(served.outputs[0].logprobs[0]) == vocab
+    most = engine.args.max_logprobs
+    served = tiny_llm.generate(["a"], [SamplingParams(n=seqs, max_tokens=1, logprobs=most)], use_tqdm=False)[0]
+    assert len(served.outputs) == seqs and len(served.outputs[0].logprobs[0]) == most < vocab
     room = context - len(served.prompt_token_ids)
     out = tiny_llm.generate(["a"], SamplingParams(max_tokens=context, ignore_eos=True), use_tqdm=False)[0].outputs[0]
     assert (len(out.token_ids), out.finish_reason) == (room, "length")

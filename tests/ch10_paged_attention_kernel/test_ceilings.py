@@ -64,6 +64,8 @@ def test_the_ceiling_kernels_compile_for_sm90_with_the_widths_they_are_named_for
     env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "0", "PYTHONPATH": str(ROOT)}
     proc = subprocess.run([sys.executable, "-m", "minipaged.lab.kernels.ceilings", "--ptx", "--cc", "9.0"], cwd=ROOT,
                           env=env, capture_output=True, text=True, timeout=300)
+    if proc.returncode == 3:  # ptx.NO_TOOLCHAIN: NVRTC or NVVM missing, and the message says what to install
+        pytest.skip(proc.stderr.strip()[-300:])
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(proc.stdout)
     for width in (2, 4, 8):

@@ -1,6 +1,9 @@
 """The chapter's notebook: its hand-written pieces still match the package, and it runs top to bottom."""
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -43,5 +46,11 @@ def test_notebook_online_softmax_and_merge_match_the_reference(rederive, tile):
 @pytest.mark.slow
 def test_notebook_runs_top_to_bottom(numba_cuda, run_notebook):
     text = run_notebook(NOTEBOOK)
-    assert "same tokens: True" in text and "sm_90: NO" not in text and "sm_90: yes" in text
+    assert "same tokens: True" in text and "sm_90: NO" not in text
+    # section 6 compiles for sm_90 where the CUDA compilers are installed (the "kernels" extra); without
+    # them its cell says what to install, and the rest of the notebook runs on
+    code = "from minipaged.lab.kernels.ptx import toolchain_missing; print(toolchain_missing() is None)"
+    here = subprocess.run([sys.executable, "-c", code], env={**os.environ, "NUMBA_ENABLE_CUDASIM": "0"},
+                          capture_output=True, text=True, timeout=300).stdout.strip() == "True"
+    assert ("sm_90: yes" in text) if here else ('pip install -e ".[kernels]"' in text), text[-2000:]
     assert torch.tensor(0) == 0  # torch imported here too: nothing in the notebook broke this process

@@ -218,8 +218,10 @@ def main(argv=None) -> int:
     parser.add_argument("--cc", default="9.0")
     args = parser.parse_args(argv)
     if args.ptx:
+        from minipaged.lab.kernels.ptx import exit_without_toolchain
         from minipaged.lab.kernels.resources import global_loads
 
+        exit_without_toolchain()
         ptx = compile_ptx(tuple(int(x) for x in args.cc.split(".")))
         print(json.dumps({name: {"loads_by_width": global_loads(text)[0], "loads_by_type": global_loads(text)[1],
                                  "f64_mentions": text.count(".f64"), "local_mentions": text.count(".local")}

@@ -43,6 +43,30 @@ from minipaged.attention.kernels.v3_config import V3Config  # noqa: E402
 from minipaged.attention.kernels.v3_wide import make_v3_kernel  # noqa: E402
 
 DTYPES = {"float16": types.float16, "float32": types.float32}
+# The exit status of a command that cannot compile here because the compilers are not installed; the
+# tests skip on it, naming the install that brings them.
+NO_TOOLCHAIN = 3
+TOOLCHAIN_HINT = 'pip install -e ".[kernels]" (numba-cuda[cu13]: NVRTC and NVVM)'
+
+
+def toolchain_missing() -> str | None:
+    """Why numba.cuda.compile_ptx cannot run on this machine (NVRTC or NVVM not found), or None."""
+    from numba.cuda.cudadrv import nvrtc, nvvm
+
+    try:
+        nvrtc.get_supported_ccs()
+        nvvm.NVVM()
+    except Exception as e:  # their loaders raise several kinds of error for a missing library
+        return f"{type(e).__name__}: {str(e)[:200]}"
+    return None
+
+
+def exit_without_toolchain() -> None:
+    """Leave with NO_TOOLCHAIN and a line that says what to install, if the compilers are missing."""
+    why = toolchain_missing()
+    if why is not None:
+        print(f"the CUDA compilers are not installed here: {TOOLCHAIN_HINT}; {why}", file=sys.stderr)
+        raise SystemExit(NO_TOOLCHAIN)
 # v3's compile-time sizes per compiled entry: decode at the chapter's two shapes (head_dim 64 is
 # SmolLM2's, GQA 3; 128 is Llama-3-8B's, GQA 4), the most rows a block takes (multi-token queries),
 # and the shared-memory sum the simulator runs, compiled for the GPU.
@@ -178,6 +202,7 @@ def main(argv=None) -> int:
     parser.add_argument("--dtypes", default="float16,float32", help="comma-separated (default: float16,float32)")
     parser.add_argument("--loop-cost", action="store_true", help="print v3's instructions per key instead")
     args = parser.parse_args(argv)
+    exit_without_toolchain()
     cc = tuple(int(x) for x in args.cc.split("."))
     ptx = compile_all(cc=cc, head_dims=tuple(int(d) for d in args.head_dims.split(",")),
                       dtypes=tuple(args.dtypes.split(",")))

@@ -209,7 +209,8 @@ def compile_ptx(cc=(9, 0)) -> dict:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m minipaged.lab.kernels.ceilings",
+                                     description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="only the benchmark's quick grid of shapes")
     parser.add_argument("--out", default=None, help="write the JSON here (rewritten after each shape)")
     parser.add_argument("--iters", type=int, default=10, help="timed calls per measurement (default: 10)")

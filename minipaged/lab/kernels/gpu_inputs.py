@@ -248,7 +248,8 @@ def adapt_h200_771ba89(folder: Path) -> dict:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m minipaged.lab.kernels.gpu_inputs",
+                                     description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="cmd", required=True)
     e = sub.add_parser("env", help="the machine and the code, as JSON")
     e.add_argument("--commit", default=None, help="the commit of the tree (when it travelled without .git)")

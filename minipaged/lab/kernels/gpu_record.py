@@ -253,7 +253,8 @@ def assemble(run_dir, commit: str | None = None, command: str = COMMAND) -> dict
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m minipaged.lab.kernels.gpu_record",
+                                     description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="cmd", required=True)
     a = sub.add_parser("assemble", help="build the record from a run folder")
     a.add_argument("run_dir")

@@ -39,7 +39,8 @@ def kernels_from_bench(bench: dict | None) -> list[tuple[str, int | None]]:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m minipaged.lab.kernels.profile_target",
+                                     description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--bench", default=None, help="the benchmark's JSON: profile the kernels it timed")
     parser.add_argument("--repeat", type=int, default=2, help="profiled calls per kernel (default: 2)")
     args = parser.parse_args(argv)

@@ -194,7 +194,8 @@ def summarize(ptx: dict, cc) -> list[dict]:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m minipaged.lab.kernels.ptx",
+                                     description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cc", default="9.0", help="compute capability, e.g. 9.0 (Hopper), 8.0 (A100)")
     parser.add_argument("--dump", help="write each kernel's PTX into this directory")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")

@@ -278,7 +278,8 @@ def report(rows: list[KernelResources]) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m minipaged.lab.kernels.resources",
+                                     description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cc", default="9.0", help=f"compute capability, one of "
                         f"{', '.join(f'{a}.{b}' for a, b in SM_LIMITS)} (default 9.0)")
     parser.add_argument("--json", action="store_true", help="print a JSON list instead of a table")

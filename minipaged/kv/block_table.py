@@ -171,8 +171,7 @@ class BlockTablePolicy(KVPolicy):
         return table.blocks[logical_block]
 
     def can_append_slots(self, seq_id, n: int = 1) -> bool:
-        missing = self._blocks_missing(self._check_append(seq_id, n), n)
-        return missing <= 0 or self._can_grow(missing)
+        return self.can_append_all([(seq_id, n)])
 
     def append_slots(self, seq_id, n: int) -> list[int]:
         table = self._check_append(seq_id, n)

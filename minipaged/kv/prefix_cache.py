@@ -316,17 +316,21 @@ class PrefixCachingPolicy(SharedPolicy):
                                "not written; swap a sequence out before its step is planned, not after")
         return super().detach(seq_id)
 
-    def _release(self, table: BlockTable) -> None:
-        for i in range(len(table.token_ids) // self.block_size, table.registered):  # promised, never written
-            block = table.blocks[i]
-            if self.pool.key_of(block) == table.keys[i]:
-                if self.pool.ref_count(block) > 1:
-                    raise RuntimeError(f"block {block} was promised but never written, and another sequence "
-                                       "counts it as computed; free that sequence first")
-                self.pool.unregister(block)
-        if self.evict_last_block_first:  # it goes to the LRU list first, evicted first
-            table.blocks.reverse()
-        super()._release(table)
+    def free(self, seq_id) -> None:
+        """Give back everything the sequence holds (the default policy's ``free``, in one place): a
+        block it promised but never wrote leaves the cache first; then each block loses a holder, last
+        block first, and a cached one nobody holds waits on the LRU list, findable (PrefixBlockPool)."""
+        table, bs = self._state(seq_id), self.block_size
+        promised = [table.blocks[i] for i in range(len(table.token_ids) // bs, table.registered)
+                    if self.pool.key_of(table.blocks[i]) == table.keys[i]]
+        if any(self.pool.ref_count(block) > 1 for block in promised):
+            raise RuntimeError(f"seq {seq_id!r} promised blocks it never wrote, and another sequence counts "
+                               "them as computed; free that sequence first")
+        for block in promised:
+            self.pool.unregister(block)
+        del self._seqs[seq_id]
+        self.pool.release(table.blocks[::-1] if self.evict_last_block_first else table.blocks)
+        self._drop_dead_copies()  # chapter 05's pending copies into blocks now free
 
     def reset_cache(self) -> int:
         """Forget every cached block (a cold start, for benchmarks; vLLM's ``reset_prefix_cache``).

@@ -114,19 +114,6 @@ class SharedPolicy(OnDemandPolicy):
 
     # ---- copy-on-write ----------------------------------------------------------------------
 
-    def _shared_blocks_written(self, table: BlockTable, n: int) -> int:
-        """How many blocks the next n tokens would write into while someone else holds them."""
-        if n == 0:
-            return 0
-        first = table.num_tokens // self.block_size
-        last = min((table.num_tokens + n - 1) // self.block_size, len(table.blocks) - 1)
-        return sum(self.pool.ref_count(table.blocks[i]) > 1 for i in range(first, last + 1))
-
-    def can_append_slots(self, seq_id, n: int = 1) -> bool:
-        table = self._check_append(seq_id, n)
-        needed = max(0, self._blocks_missing(table, n)) + self._shared_blocks_written(table, n)
-        return needed <= self.pool.num_free
-
     def blocks_needed(self, appends) -> int:
         """Growth plus copies on write for appending ``n`` tokens to each ``(seq_id, n)``, in order.
 
@@ -143,9 +130,8 @@ class SharedPolicy(OnDemandPolicy):
         return growth + sum(min(w, self.pool.ref_count(b) - 1) for b, w in writers.items())
 
     def append_slots(self, seq_id, n: int) -> list[int]:
-        table = self._check_append(seq_id, n)
-        growth = max(0, self._blocks_missing(table, n))
-        copies = self._shared_blocks_written(table, n)
+        growth = max(0, self._blocks_missing(self._check_append(seq_id, n), n))
+        copies = self.blocks_needed([(seq_id, n)]) - growth  # each shared block the tokens land in
         if growth + copies > self.pool.num_free:  # all or nothing: refuse before changing anything
             raise NoFreeMemory(f"seq {seq_id!r} needs {growth} new block(s) and {copies} copy-on-write "
                                f"block(s) for its next {n} token(s); {self.pool.num_free} free")
@@ -171,10 +157,14 @@ class SharedPolicy(OnDemandPolicy):
     def pending_copies(self) -> list[tuple[int, int]]:
         return list(self._copies)
 
-    def _release(self, table: BlockTable) -> None:
-        super()._release(table)
-        if self._copies:  # a copy into a block that is free again would be wasted work
-            self._copies = [(src, dst) for src, dst in self._copies if not self.pool.is_free(dst)]
+    def free(self, seq_id) -> None:
+        super().free(seq_id)  # chapter 03's: each block loses a holder
+        self._drop_dead_copies()
+
+    def _drop_dead_copies(self) -> None:
+        """A planned copy into a block that is free again would be wasted work (a sequence forked,
+        wrote once and was freed in the same step): forget it."""
+        self._copies = [(src, dst) for src, dst in self._copies if not self.pool.is_free(dst)]
 
     def snapshot(self) -> dict:
         """The books as plain data, for pictures and notebooks (kv/audit.py)."""

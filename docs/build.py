@@ -12,7 +12,8 @@
 What goes where (everything generated lives under build/docs/, the site under site/):
 
     README.md                      -> index.md (a generated chapter list when there is no README yet)
-    chapters/NN_slug/ (all files)  -> chapters/NN_slug/, its README.md as the page index.md
+    chapters/NN_slug/ (all files)  -> chapters/NN_slug/, its README.md as the page index.md (the core
+                                      path) and deep-dive.md, where there is one, beside it in the nav
     notebooks/NN_slug.ipynb        -> notebooks/NN_slug.ipynb, executed with nbclient (cached in
                                       build/docs/executed/ until the notebook or minipaged/ changes)
     docs/pages/*.md                -> *.md (site-level pages, e.g. about.md)
@@ -491,6 +492,8 @@ def assemble(chapters: list[Chapter], notebook_files: dict[Path, Path]) -> tuple
                     else:
                         site.add_file(rel)
             items.append({"Chapter text": f"chapters/{ch.folder.name}/index.md"})
+            if (ch.folder / "deep-dive.md").exists():  # what the core path leaves for a second reading
+                items.append({"Deep dive": f"chapters/{ch.folder.name}/deep-dive.md"})
         for nb in ch.notebooks:
             rel = nb.relative_to(ROOT).as_posix()
             site.pages[rel] = rel  # registered before any link is rewritten; written below

@@ -39,7 +39,7 @@ PATH = re.compile(r"[\w.\-/]+\.(py|md|ipynb|json|sh|png|svg|cpp|html|txt|yml|tom
 def texts() -> list[tuple[Path, str]]:
     """(file, its text as a reader sees it): the README, chapters, docs pages and notebooks' markdown."""
     found = []
-    for path in [ROOT / "README.md", *sorted(ROOT.glob("chapters/*/README.md")), *sorted(ROOT.glob("docs/pages/*.md"))]:
+    for path in [ROOT / "README.md", *sorted(ROOT.glob("chapters/*/*.md")), *sorted(ROOT.glob("docs/pages/*.md"))]:
         found.append((path, COMMENT.sub("", RECORD_BLOCK.sub("", path.read_text()))))
     for path in sorted(ROOT.glob("notebooks/*.ipynb")):
         cells = json.loads(path.read_text())["cells"]

@@ -35,7 +35,7 @@ vllm/v1/worker/gpu_worker.py vllm/worker/cache_engine.py vllm/worker/model_runne
 
 def texts():
     """The course's text and code: chapters, docs pages, the README, the package's docstrings."""
-    files = [*ROOT.glob("chapters/*/README.md"), *ROOT.glob("docs/pages/*.md"), ROOT / "README.md",
+    files = [*ROOT.glob("chapters/*/*.md"), *ROOT.glob("docs/pages/*.md"), ROOT / "README.md",
              *ROOT.glob("minipaged/**/*.py")]
     return {path: path.read_text() for path in sorted(files)}
 

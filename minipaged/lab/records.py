@@ -196,9 +196,15 @@ def pages() -> list[Path]:
     return sorted(p for p in PAGES.glob("*.md") if re.search(r"<!-- (record|fig): ", p.read_text()))
 
 
+def chapter_pages(chapter: Path) -> list[Path]:
+    """A chapter's text: README.md (the core path) and deep-dive.md, where there is one."""
+    return [p for p in (chapter / "README.md", chapter / "deep-dive.md") if p.exists()]
+
+
 def rendered_files() -> list[tuple[Path, Path | None]]:
     """(file, its chapter or None for a docs page): everything ``render`` writes."""
-    return [(chapter / "README.md", chapter) for chapter in chapters()] + [(page, None) for page in pages()]
+    return ([(page, chapter) for chapter in chapters() for page in chapter_pages(chapter)]
+            + [(page, None) for page in pages()])
 
 
 def render(check: bool = False) -> int:

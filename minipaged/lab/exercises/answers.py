@@ -92,16 +92,17 @@ def strip_answers(text: str, solutions: dict[str, dict[str, set[str]]]) -> tuple
 
 
 def text_files(root: Path) -> list[Path]:
-    """The markdown a student reads: the chapters, the docs pages and the README."""
+    """The markdown a student reads: the chapters (README.md, the core path, and deep-dive.md where there
+    is one), the docs pages and the README."""
     root = Path(root)
-    return [*sorted(root.glob("chapters/*/README.md")), *sorted(root.glob("docs/pages/*.md")),
+    return [*sorted(root.glob("chapters/*/*.md")), *sorted(root.glob("docs/pages/*.md")),
             *([root / "README.md"] if (root / "README.md").exists() else [])]
 
 
 def quoted_blocks(root: Path):
     """(chapter, path, header, body) of every ```python block in the chapters whose first line names a
     file of the package: the quotes tests/test_chapter_quotes.py holds to the source."""
-    for chapter in sorted(Path(root).glob("chapters/*/README.md")):
+    for chapter in sorted(Path(root).glob("chapters/*/*.md")):
         for m in QUOTE.finditer(chapter.read_text()):
             yield chapter, m["path"], m["rest"], m["body"]
 

@@ -22,14 +22,14 @@ What goes where (everything generated lives under build/docs/, the site under si
     any other repository file a page links to: a markdown page is included as is, a text file gets a
     code page, a folder gets a listing, anything else is copied.
 
-Figures. The explanatory figures of chapters 06-11 are drawn again at every build, by
-docs/figures_06_11.py (a few seconds: small seeded runs of the engine, the tiny model, the kernels in
-numba's simulator), into the assembled copy build/docs/src/chapters/NN_slug/, over the committed PNGs
-copied there. So the site always shows what the current code draws, and the build never changes a
-file of the repository; the committed copies, for reading the chapters on a forge, are refreshed by
-running the script by hand. A script that fails fails the build. The figures of chapters 00-05
-(docs/figures_01_04.py, docs/figures_05.py, the benchmarks' --plot-dir) take minutes or the real
-model, so the site shows their committed copies.
+Figures. The explanatory figures of chapters 00 and 06-11 are drawn again at every build, by
+docs/figures_00.py and docs/figures_06_11.py (a few seconds: small seeded runs of the engine, the
+tiny model, the kernels in numba's simulator), into the assembled copy build/docs/src/chapters/NN_slug/,
+over the committed PNGs copied there. So the site always shows what the current code draws, and the
+build never changes a file of the repository; the committed copies, for reading the chapters on a
+forge, are refreshed by running the script by hand. A script that fails fails the build. The other
+figures of chapters 00-05 (docs/figures_01_04.py, docs/figures_05.py, the benchmarks' --plot-dir)
+take minutes or the real model, so the site shows their committed copies.
 
 Links are written for reading the repository on disk or on a forge (README.md -> chapters/NN_slug/
 README.md -> ../../notebooks/NN_slug.ipynb -> ../../minipaged/kv/per_request.py#L20); the build
@@ -63,7 +63,8 @@ PAGES = ROOT / "docs" / "pages"
 FIRST_PAGE = "about.md"  # "How to use this course": first in the navigation
 STYLESHEETS = ROOT / "docs" / "stylesheets"  # copied to the site as stylesheets/ (see extra_css in mkdocs.yml)
 KERNEL_NAME = "minipaged-docs"
-FIGURE_SCRIPTS = [ROOT / "docs" / "figures_06_11.py"]  # each takes --out-dir; run at every build (see above)
+# each takes --out-dir; run at every build (see above)
+FIGURE_SCRIPTS = [ROOT / "docs" / "figures_00.py", ROOT / "docs" / "figures_06_11.py"]
 
 NUMBERED = re.compile(r"^(\d+)_(.+)$")
 SKIP_PARTS = {"__pycache__", ".ipynb_checkpoints", ".pytest_cache", ".ruff_cache"}
@@ -192,6 +193,17 @@ def execute_notebook(nb_path: Path, timeout: int):
     return nb, seconds
 
 
+def write_executed(nb_path: Path, nb) -> Path:
+    """Keep an executed notebook in build/docs/executed/ (the site's cache, and what
+    ``python -m minipaged.lab.notebooks store`` copies the outputs from)."""
+    import nbformat
+
+    cached = EXECUTED / nb_path.name
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, cached)
+    return cached
+
+
 def notebook_for_site(nb_path: Path, mode: str, timeout: int, force: bool) -> Path:
     """The notebook file to render: freshly executed, from the cache, or as it is.
 
@@ -211,8 +223,7 @@ def notebook_for_site(nb_path: Path, mode: str, timeout: int, force: bool) -> Pa
         return nb_path
     log(f"{rel_path}: executing (cell timeout {timeout} s) ...")
     nb, seconds = execute_notebook(nb_path, timeout)
-    cached.parent.mkdir(parents=True, exist_ok=True)
-    nbformat.write(nb, cached)
+    write_executed(nb_path, nb)
     log(f"{rel_path}: executed in {seconds:.0f} s")
     return cached
 
@@ -562,7 +573,8 @@ def parse_args(argv=None):
     p.add_argument("--only", action="append", metavar="NN", default=None,
                    help="execute only the notebooks of chapter NN (repeatable); others as with --skip-execute")
     p.add_argument("--check-notebooks", action="store_true",
-                   help="only execute the notebooks (no cache, no site); exit 1 on the first error")
+                   help="only execute the notebooks (never reusing the cache, but refreshing it; no site); "
+                        "exit 1 on the first error")
     p.add_argument("--force", action="store_true", help="execute notebooks even when their cached run is current")
     p.add_argument("--timeout", type=int, default=600, help="seconds allowed per notebook cell (default: 600)")
     p.add_argument("--serve", action="store_true", help="after building, serve the site on 127.0.0.1:8000")
@@ -593,7 +605,8 @@ def main(argv=None) -> int:
                     continue
                 for nb in ch.notebooks:
                     log(f"{nb.relative_to(ROOT)}: executing ...")
-                    _, seconds = execute_notebook(nb, args.timeout)
+                    executed, seconds = execute_notebook(nb, args.timeout)
+                    write_executed(nb, executed)  # for python -m minipaged.lab.notebooks store
                     log(f"{nb.relative_to(ROOT)}: ok in {seconds:.0f} s")
             log(f"all notebooks ran in {time.perf_counter() - t_start:.0f} s")
             return 0

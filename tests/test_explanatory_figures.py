@@ -229,3 +229,28 @@ def test_trace_hook_does_not_change_outputs():
     mine = [e for e, r in events if r == "traced"]
     assert mine[:2] == ["queued", "added"] and mine.count("put") == mine.count("got") == len(traced)
     assert ("step_start", None) in events
+
+
+# ---- chapter 00 (docs/figures_00.py) ----------------------------------------------------------------
+
+
+def test_prefill_decode_trace_agrees_with_the_engines_counts(tmp_path):
+    from minipaged.lab.plots import explain_cache
+
+    cached = explain_cache.trace_generate(prompt_len=6, new_tokens=6)
+    recomputed = explain_cache.trace_generate(prompt_len=6, new_tokens=6, use_cache=False)
+    # with the cache: the prompt in one pass, then one position a pass, each after the last
+    assert [p.computed for p in cached.passes] == [6, 1, 1, 1, 1, 1]
+    assert [p.start for p in cached.passes] == [0, 6, 7, 8, 9, 10]
+    assert [p.cached_after for p in cached.passes] == [6, 7, 8, 9, 10, 11]
+    # without it: every pass starts again from position 0
+    assert [p.computed for p in recomputed.passes] == [6, 7, 8, 9, 10, 11]
+    for trace in (cached, recomputed):
+        assert sum(p.computed for p in trace.passes) == trace.tokens_computed  # the engine's own count
+    spec = importlib.util.spec_from_file_location("figures_00", ROOT / "docs" / "figures_00.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    script.main(["--out-dir", str(tmp_path)])
+    assert_png(tmp_path / script.CHAPTER / script.FIGURE)
+    readme = (ROOT / script.CHAPTER / "README.md").read_text(encoding="utf-8")
+    assert f"]({script.FIGURE})" in readme and "python docs/figures_00.py" in readme

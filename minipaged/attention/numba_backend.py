@@ -10,9 +10,11 @@ and back, for convenience. Under numba's CUDA simulator (no GPU) the kernels tak
 tensors, so the tests and the tiny model run anywhere, slowly.
 
 ``paged_attention_numba`` adds knobs the shared signature lacks: ``kernel`` ("auto", "v1", "v2", "v3"),
-``num_partitions`` and ``max_context_len``/``max_query_len`` (pass them to skip a device-to-host sync,
-as a serving loop that already knows its lengths would), ``config`` (v1/v2's sizes) and ``v3_config``
-(v3's, e.g. ``V3Config(128, 16, "float16", rows=4, lanes=16, unroll=2)`` to try 16 lanes a key).
+``allow_untested`` (let "auto" pick v3, which has not run on a GPU yet; the default, None, reads
+MINIPAGED_ALLOW_UNTESTED_KERNELS=1 from the environment: see ``config.plan_launch``), ``num_partitions``
+and ``max_context_len``/``max_query_len`` (pass them to skip a device-to-host sync, as a serving loop
+that already knows its lengths would), ``config`` (v1/v2's sizes) and ``v3_config`` (v3's, e.g.
+``V3Config(128, 16, "float16", rows=4, lanes=16, unroll=2)`` to try 16 lanes a key).
 
 Not handled yet: head dims KernelConfig refuses (16, 64 and 128 are tested), ALiBi, sliding windows,
 quantized (fp8) caches, bf16.
@@ -151,7 +153,7 @@ class _Launcher:
 
 def paged_attention_numba(q, k_cache, v_cache, block_tables, context_lens, *, scale=None, query_lens=None,
                           kernel="auto", num_partitions=None, max_context_len=None, max_query_len=None,
-                          validate=True, config: KernelConfig | None = None, v3_config=None):
+                          validate=True, config: KernelConfig | None = None, v3_config=None, allow_untested=None):
     """q [num_tokens, num_heads, head_dim] -> out, like the reference; see the module docstring."""
     check_inputs(q, k_cache, v_cache, block_tables, context_lens, query_lens)
     if validate:
@@ -166,7 +168,7 @@ def paged_attention_numba(q, k_cache, v_cache, block_tables, context_lens, *, sc
             q.to(dev), k_cache.to(dev), v_cache.to(dev), block_tables.to(dev), context_lens.to(dev),
             scale=scale, query_lens=None if query_lens is None else query_lens.to(dev), kernel=kernel,
             num_partitions=num_partitions, max_context_len=max_context_len, max_query_len=max_query_len,
-            validate=False, config=config, v3_config=v3_config)
+            validate=False, config=config, v3_config=v3_config, allow_untested=allow_untested)
         return out.to(q.device)
     if sim and q.device.type != "cpu":
         raise ValueError("numba runs in its CUDA simulator here (no GPU), which needs CPU tensors")
@@ -200,7 +202,7 @@ def paged_attention_numba(q, k_cache, v_cache, block_tables, context_lens, *, sc
 
     plan = plan_launch(num_seqs, num_kv_heads, group, max_query_len, max_context_len, cfg, _num_sms(device),
                        kernel, num_partitions, dtype=str(q.dtype).removeprefix("torch."), simulator=sim,
-                       v3=v3_config)
+                       v3=v3_config, allow_untested=allow_untested)
     if plan.kernel == "v3":
         from minipaged.attention.v3_launch import run_v3
 

@@ -26,8 +26,8 @@ Free blocks are handed out plain ones first, then cached ones, least recently us
 before the beginning others share. A cached block is full and never written (chapter 05's
 copy-on-write guards the rest), so a hit gives the same K/V bits as computing it again.
 
-Not handled: salts in the key (LoRA, multi-modal), caching across processes, beam search asking the
-cache at admission. With chunked prefill (chapter 08) a prompt's promises come a chunk per step.
+Not handled: salts in the key (LoRA, multi-modal), caching across processes. With chunked prefill
+(chapter 08) a prompt's promises come a chunk per step.
 """
 from __future__ import annotations
 

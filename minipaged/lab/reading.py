@@ -13,7 +13,8 @@ What is counted as a word: a run of letters or digits in prose, a table, a headi
 What is not: fenced code blocks (indented ones too), ``<details>`` blocks (however deeply nested), HTML
 comments and tags, link targets and image paths.
 
-Not handled: code marked by indentation alone (the chapters fence theirs), notebooks (their reading time is the syllabus's estimate), words a figure shows.
+Not handled: code marked by indentation alone (the chapters fence theirs), notebooks (their reading
+time is the syllabus's estimate), words a figure shows.
 """
 from __future__ import annotations
 

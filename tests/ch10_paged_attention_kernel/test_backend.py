@@ -31,11 +31,19 @@ def record_kernels(monkeypatch):
     return chosen
 
 
-def test_auto_picks_v3(compare, monkeypatch):
+def test_auto_runs_only_gpu_tested_kernels_unless_untested_ones_are_allowed(compare, monkeypatch):
+    """v3 has not run on a GPU: "auto" runs the v1/v2 rule, and v3 once allow_untested=True or
+    MINIPAGED_ALLOW_UNTESTED_KERNELS=1 (which scripts/gpu_check.sh sets) says it may."""
+    from minipaged.attention.kernels.config import ALLOW_UNTESTED_ENV
+
+    monkeypatch.delenv(ALLOW_UNTESTED_ENV, raising=False)
     chosen = record_kernels(monkeypatch)
-    compare(random_paged_batch([520, 3], num_heads=3, num_kv_heads=1, head_dim=64, seed=5))
+    long = random_paged_batch([520, 3], num_heads=3, num_kv_heads=1, head_dim=64, seed=5)
+    compare(long)
+    compare(long, allow_untested=True)
+    monkeypatch.setenv(ALLOW_UNTESTED_ENV, "1")
     compare(random_paged_batch([9, 4], [3, 1], num_heads=2, num_kv_heads=1, head_dim=16, seed=5))
-    assert chosen == ["run_v3", "run_v3"]
+    assert chosen == ["run_v2", "run_v3", "run_v3"]  # 2 blocks for a 520-key context: v2 splits it
 
 
 def test_auto_keeps_the_v1_v2_rule_where_the_model_says_v3_loses(compare, monkeypatch):
@@ -43,8 +51,8 @@ def test_auto_keeps_the_v1_v2_rule_where_the_model_says_v3_loses(compare, monkey
 
     monkeypatch.setitem(v3_config.SHARE_OF_PEAK, "v3", 0.001)  # as if v3 were slower than both
     chosen = record_kernels(monkeypatch)
-    compare(random_paged_batch([520, 3], num_heads=3, num_kv_heads=1, head_dim=64, seed=5))
-    compare(random_paged_batch([40, 3], num_heads=3, num_kv_heads=1, head_dim=64, seed=5))
+    compare(random_paged_batch([520, 3], num_heads=3, num_kv_heads=1, head_dim=64, seed=5), allow_untested=True)
+    compare(random_paged_batch([40, 3], num_heads=3, num_kv_heads=1, head_dim=64, seed=5), allow_untested=True)
     assert chosen == ["run_v2", "run_v1"]  # 2 blocks for a 520-key context: split; 40 keys: not worth it
 
 

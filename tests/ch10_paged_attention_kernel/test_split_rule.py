@@ -1,10 +1,12 @@
-"""The v1/v2 rule, v3's sizes and split, the auto choice, and the kernels' compile-time sizes: plain
-Python, no numba needed."""
+"""The v1/v2 rule, v3's sizes and split, the auto choice (v3 only once untested kernels are allowed) and
+the reason each plan gives, and the kernels' compile-time sizes: plain Python, no numba needed."""
 
 import pytest
 
 from minipaged.attention.kernels.config import (
+    ALLOW_UNTESTED_ENV,
     BLOCKS_PER_SM,
+    GPU_TESTED,
     MIN_PARTITION_TOKENS,
     KernelConfig,
     choose_num_partitions,
@@ -114,15 +116,45 @@ def test_v3_partitions_fill_several_waves():
     assert v3_partitions(4096, 2048, 32, 132) == (1, 2048)  # enough blocks already: no split
 
 
-def test_auto_is_v3_at_both_shapes_and_the_old_rule_where_the_model_says_so():
+def test_auto_leaves_out_v3_until_untested_kernels_are_allowed(monkeypatch):
+    """v3 has never run on a GPU, so "auto" picks among v1 and v2 (the kernels the GPU record measured)
+    unless asked: allow_untested=True, or MINIPAGED_ALLOW_UNTESTED_KERNELS=1 as scripts/gpu_check.sh sets."""
+    assert "v3" not in GPU_TESTED and GPU_TESTED == {"v1", "v2"}
+    monkeypatch.delenv(ALLOW_UNTESTED_ENV, raising=False)
     cfg = KernelConfig.for_head_dim(64)
-    plan = plan_launch(64, 3, 3, 1, 2048, cfg, dtype="float16")
+    plain = plan_launch(64, 3, 3, 1, 2048, cfg, dtype="float16")
+    assert (plain.kernel, plain.num_partitions, plain.partition_tokens) == ("v2", 6, 352)  # the v1/v2 rule
+    assert plain.reason.startswith("v2: v1 would launch 192 blocks") and "allow_untested=True" in plain.reason
+    assert plan_launch(64, 3, 3, 1, 2048, cfg, dtype="float16", allow_untested=False).kernel == "v2"
+    assert plan_launch(64, 3, 3, 1, 2048, cfg, dtype="float16", allow_untested=True).kernel == "v3"
+    assert plan_launch(64, 3, 3, 1, 2048, cfg, dtype="float16", kernel="v3").reason.startswith("asked for v3")
+    monkeypatch.setenv(ALLOW_UNTESTED_ENV, "1")
+    assert plan_launch(64, 3, 3, 1, 2048, cfg, dtype="float16").kernel == "v3"
+    assert plan_launch(64, 3, 3, 1, 2048, cfg, dtype="float16", allow_untested=False).kernel == "v2"
+    monkeypatch.setenv(ALLOW_UNTESTED_ENV, "0")
+    assert plan_launch(64, 3, 3, 1, 2048, cfg, dtype="float16").kernel == "v2"
+
+
+def test_every_plan_says_why():
+    cfg = KernelConfig.for_head_dim(64)
+    assert plan_launch(64, 3, 3, 1, 2048, cfg, kernel="v1").reason == "asked for v1"
+    assert plan_launch(64, 3, 3, 1, 2048, cfg, kernel="v2").reason.startswith("asked for v2; v1 would launch 192")
+    assert "shorter than two partitions of 256" in plan_launch(2, 1, 3, 1, 100, cfg, allow_untested=False).reason
+    assert "already 2048 blocks" in plan_launch(256, 8, 1, 1, 2048, cfg, allow_untested=False).reason
+    assert plan_launch(2, 1, 3, 1, 100, cfg, kernel="v2", num_partitions=3).reason == \
+        "asked for v2; 3 partitions of 64 keys asked for"
+
+
+def test_auto_with_untested_kernels_is_v3_at_both_shapes_and_the_old_rule_where_the_model_says_so():
+    cfg = KernelConfig.for_head_dim(64)
+    plan = plan_launch(64, 3, 3, 1, 2048, cfg, dtype="float16", allow_untested=True)
     assert (plan.kernel, plan.num_partitions, plan.v3.rows) == ("v3", 8, 3)
-    assert plan.grid(64, 3) == (64, 3, 8)
-    assert plan_launch(64, 8, 4, 1, 2048, KernelConfig.for_head_dim(128), dtype="float16").kernel == "v3"
+    assert plan.grid(64, 3) == (64, 3, 8) and "predicts v3 faster than v2" in plan.reason
+    assert plan_launch(64, 8, 4, 1, 2048, KernelConfig.for_head_dim(128), dtype="float16",
+                       allow_untested=True).kernel == "v3"
     # the model: v3 reads the cache once per row tile of 4 rows, v2 once per 16; 33 query tokens of
     # GQA 3 are 25 tiles against 7, and 25 / 0.40 = 62.5 < 7 / 0.083 = 84.3: still v3
-    assert plan_launch(4, 3, 3, 33, 2048, cfg, dtype="float16").kernel == "v3"
+    assert plan_launch(4, 3, 3, 33, 2048, cfg, dtype="float16", allow_untested=True).kernel == "v3"
     assert not v3_wins(25, 7, "v2", {"v2": 0.083, "v3": 0.2})  # at half the predicted bandwidth, v2 wins
     assert v3_wins(25, 7, "v2")
 
@@ -130,7 +162,8 @@ def test_auto_is_v3_at_both_shapes_and_the_old_rule_where_the_model_says_so():
 def test_v3_refuses_rows_that_are_not_whole_words():
     cfg = KernelConfig(head_dim=6, tile_tokens=8, num_threads=32, max_rows=16)  # 12-byte fp16 rows
     assert not v3_supported(6, "float16") and v3_supported(6, "float32")
-    assert plan_launch(2, 1, 3, 1, 100, cfg, dtype="float16").kernel == "v1"
+    plan = plan_launch(2, 1, 3, 1, 100, cfg, dtype="float16", allow_untested=True)
+    assert plan.kernel == "v1" and "whole 8-byte words" in plan.reason
     with pytest.raises(ValueError, match="8-byte words"):
         plan_launch(2, 1, 3, 1, 100, cfg, kernel="v3", dtype="float16")
     with pytest.raises(ValueError, match="dtype"):

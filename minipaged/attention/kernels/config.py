@@ -11,7 +11,12 @@ The split rule (``choose_num_partitions``) lives here so it can be read and test
     the GPU, or when the context is too short to be worth splitting; otherwise
     v2 (the same blocks, each split into partitions along the context), with just enough
     partitions to reach the target block count, never shorter than MIN_PARTITION_TOKENS each;
-    v3 (v3_config.py: its own sizes, its own split) over both, where its model predicts it faster.
+    v3 (v3_config.py: its own sizes, its own split) when asked for by name, or by "auto" where its
+    model predicts it faster, but only once untested kernels are allowed: "auto" picks only among
+    the kernels that have run on a GPU (GPU_TESTED) unless the caller passes allow_untested=True or
+    sets MINIPAGED_ALLOW_UNTESTED_KERNELS=1 (scripts/gpu_check.sh does, so a GPU run measures v3).
+
+Every LaunchPlan says in ``reason`` which kernel it chose and why.
 
 Not handled yet: head dims for which max_rows * head_dim is not a multiple of the thread count (powers
 of two from 8 up are fine); tiles beyond 48 KiB of static shared memory (dynamic shared memory).
@@ -20,7 +25,8 @@ of two from 8 up are fine); tiles beyond 48 KiB of static shared memory (dynamic
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, replace
 
 from minipaged.attention.kernels.v3_config import V3Config, v3_partitions, v3_supported, v3_wins
 
@@ -33,6 +39,18 @@ BLOCKS_PER_SM = 8            # v2 aims for about this many blocks per streaming 
 LOADS_PER_STEP = 8           # K loads (and as many V loads) per thread in one unrolled run
 MAX_STATIC_SHARED_BYTES = 48 * 1024  # what a kernel may declare statically (more needs dynamic shared)
 DEFAULT_NUM_SMS = 132        # an H100/H200 has 132; used when the device cannot be asked (the simulator)
+# The kernels that have run on a GPU: v1 and v2, on an H200 at commit 771ba89 (chapter 10's gpu_check
+# record). kernel="auto" picks among these only, unless untested kernels are allowed (untested_allowed).
+GPU_TESTED = frozenset({"v1", "v2"})
+ALLOW_UNTESTED_ENV = "MINIPAGED_ALLOW_UNTESTED_KERNELS"  # =1: "auto" may pick v3 too (scripts/gpu_check.sh sets it)
+
+
+def untested_allowed(allow_untested: bool | None = None) -> bool:
+    """Whether kernel="auto" may pick a kernel outside GPU_TESTED: the argument when it is given, else
+    whether the environment sets MINIPAGED_ALLOW_UNTESTED_KERNELS=1."""
+    if allow_untested is None:
+        return os.environ.get(ALLOW_UNTESTED_ENV) == "1"
+    return allow_untested
 
 
 @dataclass(frozen=True)
@@ -138,6 +156,7 @@ class LaunchPlan:
     num_partitions: int     # v2 and v3 (1 for v1)
     partition_tokens: int   # keys per partition (v2, v3); the longest context for v1
     v3: V3Config | None = None  # v3's compile-time sizes
+    reason: str = ""        # which kernel was chosen and why, in words
 
     def grid(self, num_seqs: int, num_kv_heads: int) -> tuple[int, int, int]:
         return (num_seqs, num_kv_heads, self.row_tiles * self.num_partitions)
@@ -146,15 +165,18 @@ class LaunchPlan:
 def plan_launch(num_seqs: int, num_kv_heads: int, group: int, max_query_len: int, max_context_len: int,
                 cfg: KernelConfig, num_sms: int = DEFAULT_NUM_SMS, kernel: str = "auto",
                 num_partitions: int | None = None, dtype: str = "float32", simulator: bool = False,
-                v3: V3Config | None = None) -> LaunchPlan:
-    """Which kernel runs and how its grid is cut.
+                v3: V3Config | None = None, allow_untested: bool | None = None) -> LaunchPlan:
+    """Which kernel runs and how its grid is cut; the plan's ``reason`` says why, in words.
 
-    kernel="auto": v3 where it can run (rows of whole 8-byte words) and the model in v3_config
-    predicts it faster than what the v1/v2 rule (choose_num_partitions) would launch; that rule
-    otherwise. The model: a kernel's time is (times it reads the cache: its row tiles) / (the share of
-    peak bandwidth it reaches: measured for v1 and v2, predicted for v3). v3 holds fewer rows per
-    block than v1/v2 (its rows live in registers), so with many query tokens it reads the cache more
-    often; it still wins while that factor stays below its bandwidth advantage (about 5x).
+    kernel="v1", "v2" or "v3": that kernel. kernel="auto": the v1/v2 rule (choose_num_partitions),
+    since v1 and v2 are the kernels that have run on a GPU (GPU_TESTED). Only when untested kernels
+    are allowed (allow_untested=True, or None and MINIPAGED_ALLOW_UNTESTED_KERNELS=1 in the
+    environment) may "auto" pick v3: where it can run (rows of whole 8-byte words) and the model in
+    v3_config predicts it faster than what the rule would launch. The model: a kernel's time is
+    (times it reads the cache: its row tiles) / (the share of peak bandwidth it reaches: measured for
+    v1 and v2, predicted for v3). v3 holds fewer rows per block than v1/v2 (its rows live in
+    registers), so with many query tokens it reads the cache more often; it still wins while that
+    factor stays below its predicted bandwidth advantage (about 5x).
     v3: sizes to use instead of V3Config.for_shape's (to try others on a GPU).
     """
     if kernel not in ("auto", "v1", "v2", "v3"):
@@ -167,8 +189,14 @@ def plan_launch(num_seqs: int, num_kv_heads: int, group: int, max_query_len: int
     row_tiles = num_row_tiles(max_query_len, group, cfg.max_rows)
     old = _plan_v1_v2(num_seqs, num_kv_heads, row_tiles, max_context_len, cfg, num_sms,
                       "auto" if kernel in ("auto", "v3") else kernel, num_partitions)
-    if kernel in ("v1", "v2") or not v3_supported(cfg.head_dim, dtype):
+    if kernel in ("v1", "v2"):
         return old
+    if kernel == "auto" and "v3" not in GPU_TESTED and not untested_allowed(allow_untested):
+        return replace(old, reason=f"{old.reason} (auto leaves out v3, which has not run on a GPU yet: "
+                                   f"pass allow_untested=True or set {ALLOW_UNTESTED_ENV}=1)")
+    if not v3_supported(cfg.head_dim, dtype):
+        return replace(old, reason=f"{old.reason} (v3 cannot read head_dim {cfg.head_dim} in {dtype} "
+                                   "as whole 8-byte words)")
     if v3 is None:
         v3 = V3Config.for_shape(cfg.head_dim, dtype, group, max_query_len, cfg.block_size, simulator)
     elif (v3.head_dim, v3.block_size, v3.dtype) != (cfg.head_dim, cfg.block_size, dtype):
@@ -176,23 +204,45 @@ def plan_launch(num_seqs: int, num_kv_heads: int, group: int, max_query_len: int
                          f"the inputs have {cfg.head_dim}, {cfg.block_size}, {dtype}")
     v3_tiles = num_row_tiles(max_query_len, group, v3.rows)
     if kernel == "auto" and not v3_wins(v3_tiles, row_tiles, old.kernel):
-        return old
+        return replace(old, reason=f"{old.reason} (the model in v3_config predicts {old.kernel} faster than v3 here)")
     if num_partitions is None:
         parts, tokens = v3_partitions(num_seqs * num_kv_heads * v3_tiles, max_context_len, v3.step_keys, num_sms)
     else:
         parts = num_partitions
         tokens = partition_tokens_for(max_context_len, parts, v3.step_keys)
-    return LaunchPlan("v3", v3_tiles, parts, tokens, v3)
+    why = "asked for v3" if kernel == "v3" else f"the model in v3_config predicts v3 faster than {old.kernel}" + (
+        "" if "v3" in GPU_TESTED else ", and untested kernels are allowed")
+    return LaunchPlan("v3", v3_tiles, parts, tokens, v3, reason=f"{why}: {_partitions(parts, tokens)}")
 
 
 def _plan_v1_v2(num_seqs, num_kv_heads, row_tiles, max_context_len, cfg, num_sms, kernel, num_partitions):
     if kernel == "v1":
-        return LaunchPlan("v1", row_tiles, 1, max_context_len)
+        return LaunchPlan("v1", row_tiles, 1, max_context_len, reason="asked for v1")
+    blocks = num_seqs * num_kv_heads * row_tiles  # what v1 would launch
     if num_partitions is None:
-        num_partitions, part_tokens = choose_num_partitions(num_seqs * num_kv_heads * row_tiles,
-                                                            max_context_len, num_sms, cfg.tile_tokens)
+        num_partitions, part_tokens = choose_num_partitions(blocks, max_context_len, num_sms, cfg.tile_tokens)
+        why = _rule_reason(blocks, max_context_len, num_sms, num_partitions, part_tokens)
     else:
         part_tokens = partition_tokens_for(max_context_len, num_partitions, cfg.tile_tokens)
+        why = f"{_partitions(num_partitions, part_tokens) if num_partitions > 1 else '1 partition'} asked for"
     if kernel == "auto" and num_partitions == 1:
-        return LaunchPlan("v1", row_tiles, 1, max_context_len)
-    return LaunchPlan("v2", row_tiles, num_partitions, part_tokens)
+        return LaunchPlan("v1", row_tiles, 1, max_context_len, reason=f"v1: {why}")
+    return LaunchPlan("v2", row_tiles, num_partitions, part_tokens,
+                      reason=f"v2: {why}" if kernel == "auto" else f"asked for v2; {why}")
+
+
+def _rule_reason(blocks: int, max_context_len: int, num_sms: int, num_partitions: int, part_tokens: int) -> str:
+    """choose_num_partitions's answer, in words."""
+    target = BLOCKS_PER_SM * num_sms
+    if blocks >= target:
+        return (f"one block per (sequence, KV head, row tile) is already {blocks} blocks, enough to fill the GPU "
+                f"({BLOCKS_PER_SM} per SM x {num_sms} SMs = {target})")
+    if num_partitions == 1:
+        return (f"the longest context ({max_context_len} keys) is shorter than two partitions of "
+                f"{MIN_PARTITION_TOKENS}")
+    return (f"v1 would launch {blocks} blocks, fewer than {BLOCKS_PER_SM} per SM x {num_sms} SMs = {target}: "
+            f"{_partitions(num_partitions, part_tokens)}")
+
+
+def _partitions(n: int, tokens: int) -> str:
+    return f"{n} partition{'s' if n > 1 else ''} of {tokens} keys"

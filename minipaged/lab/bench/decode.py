@@ -10,7 +10,10 @@ One run measures, for each batch size b:
    forward order on the model's own weights with b rows, nothing else, timed two ways (plain
    F.linear, and the model's own Linear as the engine runs it: the compiled product on the weight
    in panels, or without the kernels a thin product split over the threads) and the faster kept.
-   A decode step cannot be faster than its own matmuls, so b / that time is the *arithmetic bound*;
+   A decode step cannot be faster than its own matmuls, so b / that time is the *matmul bound*. At
+   one row a product is a read of its weights, so there this bound is a memory bound too (the
+   matmuls read the weights more slowly than a plain sum does); from a few rows on the weights are
+   shared and the products' arithmetic sets it;
 3. the *weight-streaming bound*: every decode step reads every weight once (and each sequence's
    cached K/V), so a step takes at least (weight bytes + K/V bytes) / read bandwidth;
 4. back to back on the same prompts (``context`` seeded random token ids each):
@@ -32,9 +35,11 @@ probe (bench/noise.py) before and after the whole run warns if another process c
 It prints each speed as a fraction of its roof (the lower of the two bounds) and the engine's as a
 ratio to HF's, with ``--json`` and a plot of tokens/s against batch size under the two roofs.
 
-At batch 1 the bound that binds is weight streaming: 540 MB of fp32 weights cross the memory bus for
-one token. From a few sequences on, the weights are shared by the batch and the matmuls' arithmetic
-binds instead; the gap between a line and its roof is what the rest of the step costs (attention,
+At batch 1 both bounds are memory bounds: 540 MB of fp32 weights cross the memory bus for one token,
+once at the read bandwidth of a plain sum (streaming) and once at the rate the products read them
+(the matmuls alone, the lower of the two on the CPUs measured so far). From a few sequences on, the
+weights are shared by the batch and the matmuls' arithmetic binds; the gap between a line and its
+roof is what the rest of the step costs (attention,
 norms, RoPE, sampling, the scheduler, Python).
 
 Not handled: prefill speed (bench throughput times whole requests), quantized weights.
@@ -82,7 +87,7 @@ def matmul_only_seconds(model, batch: int, repeats: int = 5) -> dict:
     two ways, alternated: ``plain`` is F.linear (MKL's own threading, PyTorch's [out, in] layout) and
     ``model`` is the model's own Linear as the engine runs it (model/llama.py: a thin product split over
     the threads, or the compiled product of model/kernels.py when it is built).
-    The faster of the two is the arithmetic bound: no step can beat the best way to do its matmuls."""
+    The faster of the two is the matmul bound: no step can beat the best way to do its matmuls."""
     import torch
     import torch.nn.functional as F
 
@@ -273,7 +278,7 @@ def check_targets(result) -> list[dict]:
                     "at_least": TARGETS["weight_streaming_at_1"], "measured": got})
     if many:
         got = many["engine"]["tokens_per_s"] / many["bounds"]["arithmetic"]
-        out.append({"target": "batch 32: fraction of the arithmetic bound", "at_least": TARGETS["arithmetic_at_32"],
+        out.append({"target": "batch 32: fraction of the matmul bound", "at_least": TARGETS["arithmetic_at_32"],
                     "measured": got})
     for row in (one, many):
         if row and "hf" in row:
@@ -290,7 +295,7 @@ def report(r) -> str:
              f"{r['steps']} decode steps timed, best of {r['rounds']} alternated rounds"]
     has_hf = any("hf" in row for row in r["rows"])
     head = (f"{'batch':>5} {'matmuls ms':>10} {'plain ms':>8} {'GFLOP/s':>8} {'read GB/s':>9} {'stream tok/s':>12} "
-            f"{'arith tok/s':>11} {'engine tok/s':>12} {'of roof':>7}")
+            f"{'matmul tok/s':>12} {'engine tok/s':>12} {'of roof':>7}")
     if has_hf:
         head += f" {'HF tok/s':>9} {'of roof':>7} {'engine/HF':>9}"
     lines.append(head)
@@ -298,7 +303,7 @@ def report(r) -> str:
         e = row["engine"]["tokens_per_s"]
         line = (f"{row['batch']:>5} {row['matmul_ms']:>10.1f} {row['matmul_plain_ms']:>8.1f} "
                 f"{row['matmul_gflops']:>8.1f} {row['read_gbytes_s']:>9.1f} "
-                f"{row['bounds']['weight_streaming']:>12.1f} {row['bounds']['arithmetic']:>11.1f} "
+                f"{row['bounds']['weight_streaming']:>12.1f} {row['bounds']['arithmetic']:>12.1f} "
                 f"{e:>12.1f} {e / row['roof']:>6.0%}")
         if "hf" in row:
             h = row["hf"]["tokens_per_s"]
@@ -306,7 +311,8 @@ def report(r) -> str:
         lines.append(line)
     lines.append("(matmuls: the step's matmuls alone, the faster of plain F.linear and the model's Linear; "
                  "plain: F.linear alone;\n read: the highest read bandwidth sampled around the engine's rounds; "
-                 "stream: the weight-streaming bound at that bandwidth;\n arith: batch / matmuls; "
+                 "stream: the weight-streaming bound at that bandwidth;\n"
+                 " matmul: batch / matmuls (at batch 1 a read of the weights, too); "
                  "roof: the lower of the two)")
     for t in r["targets"]:
         lines.append(f"target {t['target']}: {t['measured']:.2f} (at least {t['at_least']}) "

@@ -1,7 +1,8 @@
 """Chapter 00's speed picture: decode tokens/s against batch size, under this CPU's two roofs.
 
 The weight-streaming roof rises with the batch (one read of the weights serves every sequence); the
-arithmetic roof (the step's matmuls alone) rises much more slowly. Below the lower of the two is
+matmul roof (the step's matmuls alone: at batch 1 a read of the weights as well, from a few sequences
+on their arithmetic) rises much more slowly. Below the lower of the two is
 all a decode step can reach; the gap between a measured line and that roof is the step's other work.
 """
 
@@ -25,7 +26,7 @@ def plot_decode_roofline(result: dict, path: str | None = None):
             label=f"weight-streaming roof (read bandwidth measured beside each point: "
                   f"{min(reads):.0f}-{max(reads):.0f} GB/s)")
     ax.plot(batches, [r["bounds"]["arithmetic"] for r in rows], color="#616161", ls=":", lw=1.5,
-            label="arithmetic roof (the step's matmuls alone)")
+            label="matmul roof (the step's matmuls alone; at batch 1 also a read of the weights)")
     ax.plot(batches, [r["engine"]["tokens_per_s"] for r in rows], color="#1565c0", marker="o", lw=1.8,
             label="minipaged LLMEngine")
     if all("hf" in r for r in rows):

@@ -23,7 +23,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from minipaged.lab.records import chapter_pages, chapters
+
 CORE_WORD_BUDGET = 4500
 WORDS_PER_MINUTE = 150
 
@@ -73,16 +74,12 @@ def count(markdown: str) -> Counts:
     return Counts(core, folded, code, 0)
 
 
-def chapters() -> list[Path]:
-    return sorted(p for p in (ROOT / "chapters").iterdir() if (p / "README.md").exists())
-
-
 def chapter_counts(folder: Path) -> Counts:
-    counts = count((folder / "README.md").read_text())
-    deep = folder / "deep-dive.md"
-    if deep.exists():
-        d = count(deep.read_text())
-        counts.deep_dive = d.core + d.folded
+    readme, *deep = chapter_pages(folder)  # README.md, then deep-dive.md where there is one
+    counts = count(readme.read_text())
+    for page in deep:
+        d = count(page.read_text())
+        counts.deep_dive += d.core + d.folded
     return counts
 
 

@@ -83,14 +83,12 @@ def plot_prefill_decode(cached: Trace, recomputed: Trace | None = None, bytes_pe
         y = rows - 1 - r
         for pos in range(width):
             if p.start <= pos < p.start + p.computed:
-                colour, label = ("#1565c0" if r == 0 else "#ef6c00"), ""
+                colour = "#1565c0" if r == 0 else "#ef6c00"
             elif pos < p.start:
-                colour, label = "#bbdefb", ""
+                colour = "#bbdefb"
             else:
                 continue
             grid.add_patch(Rectangle((pos, y + 0.1), 0.9, 0.8, color=colour, lw=0))
-            if label:
-                grid.text(pos + 0.45, y + 0.5, label, ha="center", va="center", fontsize=7)
         if recomputed is not None and r < len(recomputed.passes):
             q = recomputed.passes[r]
             grid.text(width + 0.3, y + 0.5, f"without a cache: all {q.computed}", va="center", fontsize=8,
